@@ -1,0 +1,3 @@
+from phase6.cli import main
+
+main()

@@ -1,0 +1,78 @@
+"""The `phase6` command: one subcommand per job; trailing arguments are Hydra overrides.
+
+    phase6 pretrain model=gpt2_124m optim.lr=3e-4        # one run
+    phase6 dpo -m dpo.beta=0.01,0.05,0.1,0.3              # a sweep (Hydra's sweeper/launcher), + summary table
+    phase6 config pretrain experiment=smoke               # print the resolved, validated config
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from phase6.launch import EXIT_CONFIG_ERROR, ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="phase6: pretraining, serving, DPO and GRPO pipelines with predicted-vs-measured reports.")
+OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
+MULTIRUN = typer.Option(False, "-m", "--multirun", help="Run a Hydra sweep over comma-separated override values.")
+
+
+def fail(msg: str, code: int = EXIT_CONFIG_ERROR) -> None:
+    """One line on stderr, then exit (2 for user mistakes in config or arguments)."""
+    typer.echo(f"phase6: error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def run(job: str, overrides: list[str], multirun: bool = False) -> None:
+    from phase6.launch import run_job
+
+    try:
+        run_job(job, overrides, multirun)
+    except ConfigError as e:
+        fail(str(e))
+
+
+@app.command(context_settings=OVERRIDES)
+def cost(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
+    """GPU-hours and $ for GPUS x HOURS, $ per 1M tokens, next to API prices (hardware=..., gpus=, hours=, *_tokens=)."""
+    run("cost", ctx.args, multirun)
+
+
+@app.command("config", context_settings=OVERRIDES)
+def config_cmd(ctx: typer.Context, job: str = typer.Argument(..., help="job name, e.g. pretrain")) -> None:
+    """Print the resolved and validated config of JOB with the given overrides."""
+    from omegaconf import OmegaConf
+
+    from phase6.launch import compose, load_config
+    from phase6.redact import redact
+
+    job = job.replace("-", "_")
+    try:
+        load_config(job, ctx.args)
+        cfg = compose(job, ctx.args)
+    except ConfigError as e:
+        fail(str(e))
+    typer.echo(OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True)))))
+
+
+@app.command()
+def report(run_dirs: list[str] = typer.Argument(..., help="run directories"),
+           out: str = typer.Option(None, "--out", help="where the merged table goes (default: <common>/report)")) -> None:
+    """Rebuild results.md and plots of RUN_DIRS; with several, merge their rows into one comparison table."""
+    from phase6.report import main as report_main
+
+    try:
+        report_main(run_dirs, out)
+    except ValueError as e:
+        fail(str(e))
+
+
+def main(argv: list[str] | None = None) -> Any:
+    return app(args=argv if argv is not None else sys.argv[1:], prog_name="phase6")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Typed configs for every phase6 job, and the one place where Hydra's DictConfig becomes a dataclass.
+
+Layout (see docs/configs.md):
+- ``configs/<job>.yaml`` is a job's primary Hydra config; shared groups live in ``configs/<group>/`` (hardware,
+  logger, prices); job-specific groups live in ``configs/<job>/<group>/`` and are put on Hydra's search path only
+  for that job, so ``experiment=smoke`` or ``model=...`` mean the job's own options.
+- Every job has a root dataclass ``*RunConfig`` registered in ``JOBS``; YAML overrides its defaults, the command
+  line wins, and ``__post_init__`` validates with a ``ValueError`` that names the full key.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+
+
+def require(ok: bool, key: str, msg: str) -> None:
+    """Raise the one-line ValueError that names the config key (full dotted path) when ``ok`` is false."""
+    if not ok:
+        raise ValueError(f"{key}: {msg}")
+
+
+@dataclass
+class RunConfig:
+    """Where and under which name a run is recorded."""
+
+    dir: str | None = None
+    """Run directory; default ``outputs/<job>/<timestamp>_<name>`` (set by the CLI, Hydra's output dir)."""
+    name: str = "run"
+    """Short name appended to the run directory and used as the W&B run name."""
+    seed: int = 1337
+    """Global seed (torch, numpy, python) for everything the run samples."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.name) and "/" not in self.name, "run.name", f"must be a non-empty name without '/', got {self.name!r}")
+        require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
+
+
+@dataclass
+class LoggerConfig:
+    """Console, local files and W&B fan-out; only rank 0 logs."""
+
+    wandb: bool = True
+    """Log to Weights & Biases (offline unless logged in or WANDB_MODE says otherwise)."""
+    project: str = "phase6"
+    """W&B project."""
+    entity: str | None = None
+    """W&B entity (team); None = the user's default."""
+    mode: str | None = None
+    """Force a W&B mode: online | offline | disabled; None = auto (online only when logged in / WANDB_MODE)."""
+    console: bool = True
+    """Print metrics and progress bars to the console (rich)."""
+    log_every: int = 1
+    """Console print interval in steps (files and W&B get every logged step)."""
+
+    def __post_init__(self) -> None:
+        require(self.mode in (None, "online", "offline", "disabled"), "logger.mode",
+                f"must be one of online, offline, disabled or null, got {self.mode!r}")
+        require(self.log_every >= 1, "logger.log_every", f"must be >= 1, got {self.log_every}")
+
+
+@dataclass
+class HardwareConfig:
+    """One accelerator type: peak rates, memory, fabric and price, each with its source and date."""
+
+    name: str = "cpu"
+    """Identifier, e.g. h100_sxm."""
+    peak_bf16_tflops: float = 1.0
+    """Dense bf16 tensor-core peak per GPU in TFLOP/s (no sparsity)."""
+    hbm_gib: float = 16.0
+    """Device memory per GPU in GiB."""
+    hbm_tbps: float = 0.05
+    """Device memory bandwidth per GPU in TB/s."""
+    nvlink_gbps: float = 10.0
+    """Intra-node bandwidth per GPU per direction in GB/s (NVLink / NVSwitch)."""
+    internode_gbps: float = 1.25
+    """Inter-node bandwidth per GPU per direction in GB/s (InfiniBand / RoCE NIC)."""
+    intranode_latency_us: float = 10.0
+    """Small-message collective latency inside a node, microseconds."""
+    internode_latency_us: float = 20.0
+    """Small-message collective latency across nodes, microseconds."""
+    gpus_per_node: int = 8
+    """Accelerators per node."""
+    usd_per_gpu_hour: float = 0.0
+    """On-demand rental price per GPU-hour in USD."""
+    source: str = ""
+    """Where the numbers come from (datasheet, price page)."""
+    date: str = ""
+    """When the numbers were read (YYYY-MM-DD)."""
+
+    def __post_init__(self) -> None:
+        for k in ("peak_bf16_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps", "internode_gbps"):
+            require(getattr(self, k) > 0, f"hardware.{k}", f"must be > 0, got {getattr(self, k)}")
+        require(self.usd_per_gpu_hour >= 0, "hardware.usd_per_gpu_hour", f"must be >= 0, got {self.usd_per_gpu_hour}")
+        require(self.gpus_per_node >= 1, "hardware.gpus_per_node", f"must be >= 1, got {self.gpus_per_node}")
+
+
+@dataclass
+class ApiPrice:
+    """One hosted-API price point for the cost comparison."""
+
+    provider: str = ""
+    model: str = ""
+    usd_per_1m_input: float = 0.0
+    usd_per_1m_output: float = 0.0
+    source: str = ""
+    date: str = ""
+
+
+@dataclass
+class PricesConfig:
+    """Hosted API prices (per 1M tokens) that self-hosted cost is compared with."""
+
+    api: list[ApiPrice] = field(default_factory=list)
+
+
+@dataclass
+class CostRunConfig:
+    """`phase6 cost`: what a number of GPU-hours costs, per 1M tokens, next to API prices."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    prices: PricesConfig = field(default_factory=PricesConfig)
+    gpus: int = 8
+    """GPUs rented."""
+    hours: float = 1.0
+    """Wall-clock hours the GPUs are held."""
+    input_tokens: float = 0.0
+    """Input (prompt) tokens processed in that time; 0 = not applicable."""
+    output_tokens: float = 0.0
+    """Output (generated or trained) tokens processed in that time."""
+
+    def __post_init__(self) -> None:
+        require(self.gpus >= 1, "gpus", f"must be >= 1, got {self.gpus}")
+        require(self.hours > 0, "hours", f"must be > 0, got {self.hours}")
+        require(self.input_tokens >= 0, "input_tokens", f"must be >= 0, got {self.input_tokens}")
+        require(self.output_tokens >= 0, "output_tokens", f"must be >= 0, got {self.output_tokens}")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """How a job is composed and run: its primary YAML, its root dataclass and its entry point."""
+
+    schema: str
+    """``module:Class`` of the root dataclass (imported lazily so `phase6 plan` never imports torch)."""
+    main: str
+    """``module:function`` or ``projects/<dir>/<file>.py:function`` taking the root dataclass."""
+    help: str = ""
+
+
+# The registry: job name (= primary YAML name = CLI subcommand with '_' -> '-') -> spec.
+JOBS: dict[str, JobSpec] = {
+    "cost": JobSpec("phase6.config:CostRunConfig", "phase6.cost:main", "GPU-hours and $ per 1M tokens vs API prices"),
+}
+
+
+def load_object(ref: str) -> Any:
+    """Import ``module:attr`` or ``path/to/file.py:attr`` (project folders start with a digit, not importable)."""
+    target, _, attr = ref.partition(":")
+    if target.endswith(".py"):
+        path = CONFIG_DIR.parent / target
+        spec = importlib.util.spec_from_file_location(f"phase6_project_{path.parent.name}_{path.stem}", path)
+        assert spec is not None and spec.loader is not None, path
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    return getattr(module, attr)
+
+
+def schema_of(job: str) -> type:
+    if job not in JOBS:
+        raise ValueError(f"unknown job {job!r}; known: {', '.join(sorted(JOBS))}")
+    return load_object(JOBS[job].schema)
+
+
+def to_dataclass(job: str, cfg: DictConfig) -> Any:
+    """Validate a composed config against the job's dataclass: unknown key, wrong type, bad value -> error."""
+    merged = OmegaConf.merge(OmegaConf.structured(schema_of(job)), cfg)
+    return OmegaConf.to_object(merged)

@@ -1,0 +1,198 @@
+"""Typed config groups of the 6A pretraining job (`configs/pretrain.yaml`).
+
+Each dataclass is one Hydra group (`configs/model/`, `configs/optim/`, `configs/parallel/`, `configs/train/`).
+Values that a user must be able to defend carry their one-line justification and source in the YAML file
+beside them (`justify:`), so the hyperparameter table in results.md is read from the same place as the value.
+Derived values (padded vocab, grad-accumulation steps, tokens per step) are methods, not fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEDULES = ("cosine", "warmdown")
+PARALLEL_MODES = ("ddp", "fsdp2")
+SANITY_MODES = ("none", "overfit_batch")
+
+
+@dataclass
+class ModelConfig:
+    """GPT-2 architecture (module names follow the HF checkpoint: wte, wpe, c_attn, c_proj, c_fc, ln_f)."""
+
+    name: str = "gpt2_tiny"
+    """Preset name, used in run names and tables."""
+    n_layer: int = 2
+    """Number of transformer blocks (L)."""
+    n_head: int = 2
+    """Attention heads per block (H); n_embd must divide by it."""
+    n_embd: int = 64
+    """Residual stream width (C); head_dim Q = n_embd / n_head."""
+    block_size: int = 64
+    """Maximum context (T) and size of the learned position table wpe."""
+    vocab_size: int = 257
+    """Real tokenizer vocabulary (50257 for GPT-2 BPE, 257 for bytes + EOT); logits beyond it are never scored."""
+    pad_vocab_multiple: int = 64
+    """wte/lm_head rows are padded up to a multiple of this for tensor-core shapes (50257 -> 50304)."""
+    bias: bool = True
+    """Biases in Linear/LayerNorm; HF GPT-2 checkpoints have them, so exports stay loadable."""
+    dropout: float = 0.0
+    """Dropout on attention/residual; 0 for pretraining on >1 epoch-free data (nanoGPT, llm.c)."""
+    justify: dict[str, str] = field(default_factory=dict)
+    """One-line justification + source per field name, rendered into results.md."""
+
+    def __post_init__(self) -> None:
+        for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pad_vocab_multiple"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"model.{key} must be > 0, got {getattr(self, key)}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of wte / lm_head: vocab_size rounded up to pad_vocab_multiple."""
+        m = self.pad_vocab_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+@dataclass
+class OptimConfig:
+    """Fused AdamW with weight decay on 2-D (matrix) parameters only, and an LR schedule."""
+
+    name: str = "adamw_cosine"
+    """Preset name."""
+    lr: float = 6e-4
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """Final LR as a fraction of the peak (cosine: floor; warmdown: end point)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied to 2-D parameters only (no biases, no LayerNorm gains)."""
+    grad_clip: float = 1.0
+    """Global grad-norm clip; 0 disables."""
+    schedule: str = "cosine"
+    """'cosine': linear warmup then cosine to min_lr; 'warmdown': warmup, constant, then linear decay."""
+    warmup_steps: int = 10
+    """Linear warmup steps from ~0 to lr."""
+    warmdown_steps: int = 0
+    """Steps of linear decay at the end (schedule='warmdown' only)."""
+    fused: bool = True
+    """Fused CUDA AdamW kernel (ignored on CPU, where the foreach path is used)."""
+    justify: dict[str, str] = field(default_factory=dict)
+    """One-line justification + source per field name, rendered into results.md."""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"optim.{key} must be in [0, 1), got {getattr(self, key)}")
+        for key in ("weight_decay", "grad_clip", "warmup_steps", "warmdown_steps"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"optim.{key} must be >= 0, got {getattr(self, key)}")
+        if self.schedule == "cosine" and self.warmdown_steps:
+            raise ValueError("optim.warmdown_steps is only used with optim.schedule=warmdown; set it to 0")
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is spread over GPUs and compiled (applied by phase6.parallel in one fixed order)."""
+
+    name: str = "ddp"
+    """Preset name."""
+    mode: str = "ddp"
+    """'ddp' (replicate, all-reduce grads) or 'fsdp2' (fully_shard per block, bf16 params / fp32 reduce)."""
+    compile: bool = False
+    """torch.compile the model (whole model under DDP, per block under FSDP2)."""
+    compile_mode: str | None = None
+    """torch.compile mode (None = default; 'max-autotune-no-cudagraphs' tunes matmuls without CUDA graphs)."""
+    activation_checkpointing: bool = False
+    """Recompute each block in backward to save activation memory (~+33% compute)."""
+    reshard_after_forward: bool = True
+    """FSDP2 only: free gathered params after forward (ZeRO-3); False keeps them (ZeRO-2-like)."""
+    justify: dict[str, str] = field(default_factory=dict)
+    """One-line justification + source per field name, rendered into results.md."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in PARALLEL_MODES:
+            raise ValueError(f"parallel.mode must be one of {PARALLEL_MODES}, got {self.mode!r}")
+        modes = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        if self.compile_mode not in modes:
+            raise ValueError(f"parallel.compile_mode must be one of {modes}, got {self.compile_mode!r}")
+
+
+@dataclass
+class TrainConfig:
+    """Batch geometry, length of the run, evaluation/checkpoint cadence and sanity modes."""
+
+    micro_batch_size: int = 8
+    """Sequences per GPU per forward (B)."""
+    seq_len: int = 64
+    """Tokens per sequence (T); at most model.block_size."""
+    total_batch_tokens: int = 2048
+    """Tokens per optimizer step over all GPUs; grad-accum steps = this / (B * T * world)."""
+    max_steps: int = 50
+    """Optimizer steps of the run (sets the LR schedule length and the token budget)."""
+    dtype: str = "auto"
+    """'auto' = bf16 autocast on CUDA, fp32 on CPU; or force 'bf16' / 'fp32'."""
+    val_every: int = 25
+    """Val loss every N steps (and at the last step); 0 disables."""
+    val_tokens: int = 8192
+    """Tokens of the val shard scored per evaluation (rounded down to whole global batches)."""
+    ckpt_every: int = 0
+    """Atomic checkpoint every N steps (and at the last step); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """Most recent checkpoints kept on disk."""
+    resume: str | None = None
+    """Checkpoint file to resume from, or 'auto' for the newest one under run.dir/<name>/checkpoints."""
+    log_every: int = 1
+    """Console / metrics.jsonl cadence in steps."""
+    sanity: str = "none"
+    """'overfit_batch': train on one fixed batch (loss must go to ~0); 'none': normal run."""
+    dry_run_steps: int = 0
+    """If > 0, stop after this many steps (schedule still computed for max_steps); for checking a config."""
+    export_hf: bool = True
+    """Write an HF GPT2LMHeadModel safetensors directory at the end (for lm-eval / vLLM)."""
+    justify: dict[str, str] = field(default_factory=dict)
+    """One-line justification + source per field name, rendered into results.md."""
+
+    def __post_init__(self) -> None:
+        for key in ("micro_batch_size", "seq_len", "total_batch_tokens", "max_steps", "log_every", "keep_checkpoints"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"train.{key} must be > 0, got {getattr(self, key)}")
+        for key in ("val_every", "val_tokens", "ckpt_every", "dry_run_steps"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        if self.dtype not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"train.dtype must be one of ('auto', 'bf16', 'fp32'), got {self.dtype!r}")
+        if self.sanity not in SANITY_MODES:
+            raise ValueError(f"train.sanity must be one of {SANITY_MODES}, got {self.sanity!r}")
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """Micro-steps per optimizer step so that B * T * world * accum == total_batch_tokens exactly."""
+        per_micro = self.micro_batch_size * self.seq_len * world_size
+        if self.total_batch_tokens % per_micro != 0:
+            raise ValueError(
+                f"train.total_batch_tokens ({self.total_batch_tokens}) must be divisible by "
+                f"train.micro_batch_size * train.seq_len * world_size "
+                f"({self.micro_batch_size} * {self.seq_len} * {world_size} = {per_micro})"
+            )
+        return self.total_batch_tokens // per_micro
+
+    def total_tokens(self) -> int:
+        """Token budget D of the run (max_steps * total_batch_tokens)."""
+        return self.max_steps * self.total_batch_tokens

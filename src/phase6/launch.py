@@ -1,0 +1,151 @@
+"""Compose, validate and run a job through Hydra (single run or ``-m`` sweep).
+
+Every sweep member is composed and validated *before* the first one starts, so a typo in the last value of a
+sweep fails in a second, not at hour 3. Errors are one line naming the key, exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from phase6.config import CONFIG_DIR, JOBS, load_object, to_dataclass
+
+EXIT_CONFIG_ERROR = 2
+
+
+class ConfigError(Exception):
+    """A user mistake in the config or overrides; printed as one line, exit code 2."""
+
+
+def _first_line(text: str) -> str:
+    return " ".join(line.strip() for line in str(text).strip().splitlines()[:1])
+
+
+def _explain(exc: BaseException) -> str:
+    """One line naming the key for OmegaConf / Hydra / our own ValueError messages."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:  # the deepest exception that knows its key wins
+        key = getattr(e, "full_key", None)
+        if key:
+            msg = str(e).split("\n    full_key")[0]
+            return f"{key}: {_first_line(msg)}"
+    msgs = [_first_line(str(e)) for e in chain if str(e).strip()]
+    return " / ".join(dict.fromkeys(msgs)) or type(exc).__name__
+
+
+def job_overrides(job: str, overrides: list[str]) -> list[str]:
+    """Put the job's own group folder (configs/<job>/) on Hydra's search path, ahead of the user overrides."""
+    own = CONFIG_DIR / job
+    extra = [f"hydra.searchpath=[file://{own}]"] if own.is_dir() else []
+    return extra + list(overrides)
+
+
+def compose(job: str, overrides: list[str]) -> DictConfig:
+    """Compose one (non-sweep) config for ``job`` with Hydra's compose API."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if job not in JOBS:
+        raise ConfigError(f"unknown job {job!r}; known: {', '.join(sorted(JOBS))}")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return hydra_compose(config_name=job, overrides=job_overrides(job, overrides))
+    except Exception as e:  # Hydra wraps every composition problem; keep only the key and the reason
+        raise ConfigError(_explain(e)) from e
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """Cartesian product of sweep overrides (``a=1,2 b=x,y``), exactly as Hydra's basic sweeper expands them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as e:
+        raise ConfigError(_explain(e)) from e
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return [list(job) for batch in batches for job in batch]
+
+
+def load_config(job: str, overrides: list[str]) -> Any:
+    """Compose + validate one config into the job's dataclass (what tests and `phase6 config` use)."""
+    cfg = compose(job, overrides)
+    try:
+        return to_dataclass(job, cfg)
+    except Exception as e:
+        raise ConfigError(_explain(e)) from e
+
+
+def preflight(job: str, overrides: list[str], multirun: bool) -> list[Any]:
+    """Validate every member of the run or sweep; returns their dataclasses."""
+    members = expand_sweep(overrides) if multirun else [overrides]
+    return [load_config(job, m) for m in members]
+
+
+def _stamp() -> str:
+    """Timestamp for the default run dir; under torchrun every local rank uses its launcher's start time."""
+    t = time.time()
+    if "LOCAL_RANK" in os.environ:
+        try:
+            ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+            btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                         if line.startswith("btime"))
+            t = btime + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, StopIteration):
+            pass
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(t))
+
+
+def default_run_dir(job: str, name: str) -> str:
+    return str(Path("outputs") / job / f"{_stamp()}_{name}")
+
+
+def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callable[[Any], Any] | None = None) -> None:
+    """Validate, then hand over to ``hydra.main`` (so Hydra's sweeper/launcher plugins apply to ``-m``)."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    configs = preflight(job, overrides, multirun)
+    main_fn = main or load_object(JOBS[job].main)
+    first = configs[0]
+    run_dir = first.run.dir or default_run_dir(job, first.run.name)
+    sweep_dir = first.run.dir or str(Path("outputs") / job / f"sweep_{_stamp()}_{first.run.name}")
+    hydra_args = [
+        f"hydra.run.dir={run_dir}",
+        f"hydra.sweep.dir={sweep_dir}",
+        "hydra.sweep.subdir=${hydra.job.num}",
+        "hydra.output_subdir=null",  # our config.yaml is the redacted record; Hydra's copy would leak secrets
+        "hydra.job.chdir=false",
+        "+hydra.callbacks.phase6_sweep._target_=phase6.report.SweepSummaryCallback",
+    ]
+
+    @hydra.main(config_path=str(CONFIG_DIR), config_name=job, version_base="1.3")
+    def _task(cfg: DictConfig) -> Any:
+        hc = HydraConfig.get()
+        OmegaConf.set_struct(cfg, False)
+        cfg.run.dir = hc.runtime.output_dir
+        # what this member of a sweep overrides, for env.json and the sweep summary
+        os.environ["PHASE6_OVERRIDES"] = " ".join(o for o in hc.overrides.task if not o.startswith("hydra."))
+        return main_fn(to_dataclass(job, cfg))
+
+    argv = sys.argv
+    sys.argv = [f"phase6-{job}", *job_overrides(job, hydra_args + list(overrides)), *(["-m"] if multirun else [])]
+    try:
+        _task()
+    finally:
+        sys.argv = argv

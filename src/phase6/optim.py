@@ -1,0 +1,76 @@
+"""AdamW with weight decay on matrices only, and the two LR schedules of 6A.
+
+- Weight decay applies to parameters with dim >= 2 (Linear weights, embeddings); biases and LayerNorm gains are
+  not decayed (nanoGPT configure_optimizers; Loshchilov & Hutter 2019 decouple decay from the gradient).
+- 'cosine': linear warmup to lr, then cosine to min_lr_ratio * lr at max_steps (nanoGPT, GPT-3 paper).
+- 'warmdown': linear warmup, constant lr, then a linear decay over the last warmdown_steps to min_lr_ratio * lr
+  (modded-nanogpt record #2 "tuned AdamW": lr 0.0018, warmup 250, warmdown 2000, betas (0.9, 0.95)).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from phase6.config.pretrain import OptimConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: decayed 2-D+ tensors and undecayed 1-D tensors (tied weights appear once)."""
+    decay, no_decay = [], []
+    for p in model.parameters():  # parameters() de-duplicates the tied wte / lm_head weight
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW(betas=(beta1, beta2)); the fused kernel on CUDA when cfg.fused, the foreach path otherwise."""
+    on_cuda = next(model.parameters()).is_cuda
+    fused = cfg.fused and on_cuda
+    return torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=fused,
+        foreach=None if fused else True,
+    )
+
+
+def lr_factor(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
+    """Multiplier of cfg.lr as a function of the number of optimizer steps already taken (0-based)."""
+    floor = cfg.min_lr_ratio
+    warmup = cfg.warmup_steps
+
+    def cosine(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def warmdown(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        start = max_steps - cfg.warmdown_steps
+        if step < start:
+            return 1.0
+        progress = min(1.0, (step - start + 1) / max(1, cfg.warmdown_steps))
+        return 1.0 - (1.0 - floor) * progress
+
+    return cosine if cfg.schedule == "cosine" else warmdown
+
+
+def build_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR over lr_factor; its state_dict (last_epoch) goes into checkpoints for exact resume."""
+    if cfg.schedule == "warmdown" and cfg.warmup_steps + cfg.warmdown_steps > max_steps:
+        raise ValueError(
+            f"optim.warmup_steps + optim.warmdown_steps ({cfg.warmup_steps} + {cfg.warmdown_steps}) "
+            f"exceeds train.max_steps ({max_steps})"
+        )
+    if cfg.warmup_steps > max_steps:
+        raise ValueError(f"optim.warmup_steps ({cfg.warmup_steps}) exceeds train.max_steps ({max_steps})")
+    return torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg, max_steps))

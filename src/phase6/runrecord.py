@@ -1,0 +1,325 @@
+"""The run directory every job writes, and the one logger that fans out to console, files and W&B.
+
+    <run dir>/config.yaml     resolved config (secrets redacted)
+    <run dir>/env.json        git sha + dirty flag, package versions, GPUs, host, command line
+    <run dir>/metrics.jsonl   one JSON object per logged step
+    <run dir>/results.json    {"job", "rows", "predicted", "measured", "cost", ...}
+    <run dir>/results.md      the same tables as markdown
+    <run dir>/plots/*.png
+
+Only rank 0 writes or logs. The last line a job prints is ``run dir: <path>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phase6.redact import redact, redact_text
+
+PACKAGES = ("phase6", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "tiktoken", "wandb",
+            "hydra-core", "omegaconf", "lm-eval", "vllm", "sglang", "verl", "numpy", "triton", "simpy")
+ENV_PREFIXES = ("CUDA", "NCCL", "TORCH", "HF_", "WANDB", "OMP_", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+                "MASTER_", "TIKTOKEN", "PYTORCH")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(cfg):
+        return dataclasses.asdict(cfg)  # type: ignore[arg-type]
+    return dict(cfg)
+
+
+def _json_default(o: Any) -> Any:
+    if dataclasses.is_dataclass(o):
+        return dataclasses.asdict(o)  # type: ignore[arg-type]
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+def _clean(obj: Any) -> Any:
+    """JSON has no NaN/inf: write them as null so every reader can parse the file."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(_clean(json.loads(json.dumps(obj, default=_json_default))), allow_nan=False)
+
+
+def git_info(repo: Path) -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10).stdout.strip()
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        return {"sha": sha or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"sha": None, "dirty": None}
+
+
+def gpu_info() -> list[dict[str, Any]]:
+    """GPUs through NVML (no torch import, no CUDA context); empty list on a machine without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                         "memory_gib": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30})
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def env_info() -> dict[str, Any]:
+    versions = {}
+    for p in PACKAGES:
+        try:
+            versions[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "git": git_info(Path(__file__).resolve().parents[2]),
+        "packages": versions,
+        "python": sys.version.split()[0],
+        "gpus": gpu_info(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "command": redact_text(" ".join(sys.argv)),
+        "overrides": redact_text(os.environ.get("PHASE6_OVERRIDES", "")),
+        "env": redact({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "_(no rows)_\n"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return str(v)
+            return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+        if v is None:
+            return "–"
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def predicted_vs_measured(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows ``quantity | predicted | measured | measured/predicted`` for the numeric keys both sides have."""
+    rows = []
+    for k in predicted:
+        p, m = predicted.get(k), measured.get(k)
+        if isinstance(p, (int, float)) and not isinstance(p, bool):
+            ratio = (m / p) if isinstance(m, (int, float)) and p else None
+            rows.append({"quantity": k, "predicted": p, "measured": m, "measured/predicted": ratio})
+    return rows
+
+
+def render_markdown(results: dict[str, Any], plots: list[str] | None = None) -> str:
+    out = [f"# {results.get('job', 'run')} results\n"]
+    if results.get("title"):
+        out.append(f"{results['title']}\n")
+    out += ["## Results\n", markdown_table(results.get("rows", []))]
+    pred, meas = results.get("predicted"), results.get("measured")
+    if pred:
+        out += ["\n## Predicted vs measured\n"]
+        if pred.get("formulas"):
+            out += [f"- {k}: {v}" for k, v in pred["formulas"].items()] + [""]
+        out.append(markdown_table(predicted_vs_measured(pred, meas or {})))
+    if results.get("cost"):
+        c = results["cost"]
+        out += ["\n## Cost\n", markdown_table([{k: v for k, v in c.items() if not isinstance(v, (dict, list))}])]
+    for name, rows in (results.get("tables") or {}).items():
+        out += [f"\n## {name}\n", markdown_table(rows)]
+    for name, text in (results.get("notes") or {}).items():
+        out += [f"\n## {name}\n", str(text).rstrip() + "\n"]
+    if plots:
+        out += ["\n## Plots\n"] + [f"![{Path(p).stem}]({p})\n" for p in plots]
+    return "\n".join(out)
+
+
+def wandb_mode(requested: str | None) -> str:
+    """online only when asked (logger.mode / WANDB_MODE) or logged in; offline by default, never a surprise upload."""
+    if requested:
+        return requested
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        if "api.wandb.ai" in netrc.read_text():
+            return "online"
+    except OSError:
+        pass
+    return "offline"
+
+
+class RunRecord:
+    """A run directory plus the fan-out logger (console, metrics.jsonl, W&B); inert on ranks other than 0."""
+
+    def __init__(self, cfg: Any, job: str, rank: int | None = None) -> None:
+        from phase6.launch import default_run_dir
+
+        self.cfg, self.job = cfg, job
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self.is_main = self.rank == 0
+        run_dir = getattr(cfg.run, "dir", None) or default_run_dir(job, cfg.run.name)
+        cfg.run.dir = run_dir
+        self.dir = Path(run_dir)
+        self.plots_dir = self.dir / "plots"
+        self.t0 = time.time()
+        self._wandb: Any = None
+        self._metrics_f = None
+        self._console = None
+        if not self.is_main:
+            return
+        self.plots_dir.mkdir(parents=True, exist_ok=True)
+        self.config_dict = redact(json.loads(dumps(to_dict(cfg))))
+        (self.dir / "config.yaml").write_text(yaml.safe_dump({"job": job, **self.config_dict}, sort_keys=False))
+        (self.dir / "env.json").write_text(json.dumps(env_info(), indent=2))
+        self._metrics_f = open(self.dir / "metrics.jsonl", "a", buffering=1)
+        logger = getattr(cfg, "logger", None)
+        if logger is not None and logger.console:
+            from rich.console import Console
+
+            self._console = Console(stderr=False)
+        if logger is not None and logger.wandb:
+            self._init_wandb(logger)
+
+    def _init_wandb(self, logger: Any) -> None:
+        mode = wandb_mode(logger.mode)
+        if mode == "disabled":
+            return
+        import wandb
+
+        self._wandb = wandb.init(project=logger.project, entity=logger.entity, name=f"{self.job}/{self.dir.name}",
+                                 dir=str(self.dir), mode=mode, config=self.config_dict, job_type=self.job,
+                                 settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+
+    def print(self, *args: Any) -> None:
+        if self.is_main:
+            (self._console.print if self._console else print)(*args)
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        if not self.is_main:
+            return
+        row = {"step": step, "time_s": round(time.time() - self.t0, 4), **metrics}
+        assert self._metrics_f is not None
+        self._metrics_f.write(dumps(row) + "\n")
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+        every = getattr(getattr(self.cfg, "logger", None), "log_every", 1)
+        if self._console is not None and (step is None or step % every == 0):
+            parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
+            self._console.print(f"[dim]{self.job}[/] step {step}: " + " | ".join(parts), highlight=False)
+
+    def finish(self, rows: list[dict[str, Any]], predicted: dict[str, Any] | None = None,
+               measured: dict[str, Any] | None = None, cost: dict[str, Any] | None = None,
+               extra: dict[str, Any] | None = None, tables: dict[str, list[dict[str, Any]]] | None = None,
+               notes: dict[str, str] | None = None) -> Path:
+        """Write results.json / results.md, close W&B, print the run dir (last line)."""
+        if self.is_main:
+            results: dict[str, Any] = {"job": self.job, "rows": rows}
+            for k, v in (("predicted", predicted), ("measured", measured), ("cost", cost), ("tables", tables),
+                         ("notes", notes)):
+                if v:
+                    results[k] = v
+            results.update(extra or {})
+            results["wall_time_s"] = time.time() - self.t0
+            results = redact(json.loads(dumps(results)))
+            tmp = self.dir / "results.json.tmp"
+            tmp.write_text(json.dumps(results, indent=2))
+            os.replace(tmp, self.dir / "results.json")
+            plots = sorted(str(p.relative_to(self.dir)) for p in self.plots_dir.glob("*.png"))
+            (self.dir / "results.md").write_text(render_markdown(results, plots))
+            if self._console is not None:
+                from rich.table import Table
+
+                if rows:
+                    t = Table(title=f"{self.job} results")
+                    cols = list(dict.fromkeys(k for r in rows for k in r))
+                    for c in cols:
+                        t.add_column(c)
+                    for r in rows[:50]:
+                        t.add_row(*[f"{r.get(c):.4g}" if isinstance(r.get(c), float) else str(r.get(c)) for c in cols])
+                    self._console.print(t)
+            self.close()
+            print(f"run dir: {self.dir}", flush=True)
+        return self.dir
+
+    def close(self) -> None:
+        if self._metrics_f is not None:
+            self._metrics_f.close()
+            self._metrics_f = None
+        if self._wandb is not None:
+            self._wandb.finish(quiet=True)
+            self._wandb = None
+
+
+def progress(transient: bool = False) -> Any:
+    """A rich progress bar (description, bar, count, rate, ETA) for long loops; use as a context manager."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(), transient=transient)
+
+
+def read_results(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / "results.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: no results.json (not a finished phase6 run directory)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from e
+    return out
