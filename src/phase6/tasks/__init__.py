@@ -1,0 +1,1 @@
+"""Verifiable tasks: loaders, prompt templates and reward functions (one module per task)."""
