@@ -67,29 +67,47 @@ class DataConfig:
     """Stop after exactly this many tokens in all shards together (None = whole source)."""
 
     def __post_init__(self) -> None:
-        require(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.\-]*", self.name) is not None, "data.name",
-                f"must be letters, digits, '.', '-' (it prefixes shard files; '_' separates the split), got {self.name!r}")
+        require(
+            re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.\-]*", self.name) is not None,
+            "data.name",
+            f"must be letters, digits, '.', '-' (it prefixes shard files; '_' separates the split), got {self.name!r}",
+        )
         require(self.source in SOURCES, "data.source", f"must be one of {SOURCES}, got {self.source!r}")
         require(self.tokenizer in TOKENIZERS, "data.tokenizer", f"must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         if self.source == "local":
             require(bool(self.local_path), "data.local_path", "is required when data.source=local")
         else:
-            require(self.local_path is None, "data.local_path", f"is only used with data.source=local, got {self.local_path!r}")
+            require(
+                self.local_path is None,
+                "data.local_path",
+                f"is only used with data.source=local, got {self.local_path!r}",
+            )
         if self.source == "hf":
             require(bool(self.dataset), "data.dataset", "is required when data.source=hf (an HF dataset repo)")
         require(bool(self.out_dir), "data.out_dir", "must be a directory path")
         require(bool(self.text_column), "data.text_column", "must be a non-empty column name")
         require(self.shard_tokens >= 2, "data.shard_tokens", f"must be >= 2, got {self.shard_tokens}")
         require(self.num_val_tokens >= 2, "data.num_val_tokens", f"must be >= 2, got {self.num_val_tokens}")
-        require(257 <= self.bpe_vocab_size < 65535, "data.bpe_vocab_size",
-                f"must be in [257, 65535) (256 bytes + merges; uint16 shards), got {self.bpe_vocab_size}")
+        require(
+            257 <= self.bpe_vocab_size < 65535,
+            "data.bpe_vocab_size",
+            f"must be in [257, 65535) (256 bytes + merges; uint16 shards), got {self.bpe_vocab_size}",
+        )
         require(self.bpe_train_docs >= 1, "data.bpe_train_docs", f"must be >= 1, got {self.bpe_train_docs}")
-        require(self.num_workers is None or self.num_workers >= 0, "data.num_workers",
-                f"must be >= 0 or null, got {self.num_workers}")
+        require(
+            self.num_workers is None or self.num_workers >= 0,
+            "data.num_workers",
+            f"must be >= 0 or null, got {self.num_workers}",
+        )
         require(self.chunk_size >= 1, "data.chunk_size", f"must be >= 1, got {self.chunk_size}")
-        require(self.max_docs is None or self.max_docs >= 1, "data.max_docs", f"must be >= 1 or null, got {self.max_docs}")
-        require(self.max_tokens is None or self.max_tokens >= 2, "data.max_tokens",
-                f"must be >= 2 or null, got {self.max_tokens}")
+        require(
+            self.max_docs is None or self.max_docs >= 1, "data.max_docs", f"must be >= 1 or null, got {self.max_docs}"
+        )
+        require(
+            self.max_tokens is None or self.max_tokens >= 2,
+            "data.max_tokens",
+            f"must be >= 2 or null, got {self.max_tokens}",
+        )
 
     def hf_dataset(self) -> tuple[str, str | None]:
         """(repo, subset) streamed for source in hf / fineweb-edu / fineweb."""

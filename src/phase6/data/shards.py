@@ -121,8 +121,11 @@ class Manifest:
             split = need(s, "split", str, where)
             if split not in SPLITS:
                 raise ValueError(f"{path}: manifest key {where}split must be one of {SPLITS}, got {split!r}")
-            shards.append(ShardInfo(need(s, "file", str, where), split, need(s, "num_tokens", int, where),
-                                    need(s, "sha256", str, where)))
+            shards.append(
+                ShardInfo(
+                    need(s, "file", str, where), split, need(s, "num_tokens", int, where), need(s, "sha256", str, where)
+                )
+            )
         return Manifest(
             source=need(d, "source", str, ""),
             revision=need(d, "revision", str, ""),
@@ -198,10 +201,13 @@ def read_header(path: str | Path) -> int:
         raise ValueError(f"{path}: unsupported shard version {version}; expected {VERSION}")
     expected = HEADER_BYTES + num_tokens * TOKEN_DTYPE.itemsize
     if num_tokens <= 0 or size < expected:
-        raise ValueError(f"{path}: truncated shard: header says {num_tokens} tokens ({expected} bytes), file has {size}")
+        raise ValueError(
+            f"{path}: truncated shard: header says {num_tokens} tokens ({expected} bytes), file has {size}"
+        )
     if size > expected:
-        raise ValueError(f"{path}: token count mismatch: header says {num_tokens} tokens ({expected} bytes), "
-                         f"file has {size} bytes")
+        raise ValueError(
+            f"{path}: token count mismatch: header says {num_tokens} tokens ({expected} bytes), file has {size} bytes"
+        )
     return num_tokens
 
 
@@ -266,11 +272,15 @@ def check_shard(path: Path, info: ShardInfo, *, sha256: bool) -> None:
     """A shard must agree with its manifest entry: header token count, and (if ``sha256``) the file hash."""
     num_tokens = read_header(path)
     if num_tokens != info.num_tokens:
-        raise ValueError(f"{path}: manifest mismatch: header has {num_tokens} tokens, manifest.json says {info.num_tokens}")
+        raise ValueError(
+            f"{path}: manifest mismatch: header has {num_tokens} tokens, manifest.json says {info.num_tokens}"
+        )
     if sha256:
         digest = sha256_file(path)
         if digest != info.sha256:
-            raise ValueError(f"{path}: manifest mismatch: sha256 {digest[:16]}... != manifest.json {info.sha256[:16]}...")
+            raise ValueError(
+                f"{path}: manifest mismatch: sha256 {digest[:16]}... != manifest.json {info.sha256[:16]}..."
+            )
 
 
 def list_shards(data: str | Path, split: str) -> list[Path]:
@@ -300,7 +310,9 @@ def list_shards(data: str | Path, split: str) -> list[Path]:
         paths = sorted((p for p in data_dir.glob("*.bin") if _SHARD_NAME.search(p.name)), key=_shard_sort_key)
         paths = [p for p in paths if split_of(p) == split]
     if not paths:
-        raise ValueError(f"{data_dir}: no {split} shards (expected *_{split}_NNNNNN.bin or a manifest.json listing them)")
+        raise ValueError(
+            f"{data_dir}: no {split} shards (expected *_{split}_NNNNNN.bin or a manifest.json listing them)"
+        )
     return paths
 
 
