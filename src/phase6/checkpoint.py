@@ -169,8 +169,10 @@ def load_checkpoint(
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     if state["world_size"] != world:
-        raise ValueError(f"{path}: saved with world_size {state['world_size']}, resuming with {world}; exact "
-                         "resume needs the same number of processes")
+        raise ValueError(
+            f"{path}: saved with world_size {state['world_size']}, resuming with {world}; exact "
+            "resume needs the same number of processes"
+        )
     opts = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, state["model"], options=opts)
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=opts)

@@ -115,7 +115,7 @@ def _member_overrides(run_dir: Path) -> str:
         env = json.loads((run_dir / "env.json").read_text())
     except (OSError, json.JSONDecodeError):
         return ""
-    return env.get("overrides", "")
+    return " ".join(o for o in env.get("overrides", "").split() if not o.startswith("run.dir="))
 
 
 def main(run_dirs: list[str], out: str | None = None) -> None:

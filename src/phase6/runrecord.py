@@ -229,6 +229,9 @@ class RunRecord:
             return
         import wandb
 
+        # The process-wide settings must carry the mode too: with only init(mode="offline"), W&B's telemetry proxy
+        # still POSTs to its server once (caught by tests/test_foundation_records.py through a loopback proxy).
+        wandb.setup(settings=wandb.Settings(mode=mode))
         self._wandb = wandb.init(project=logger.project, entity=logger.entity, name=f"{self.job}/{self.dir.name}",
                                  dir=str(self.dir), mode=mode, config=self.config_dict, job_type=self.job,
                                  settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
@@ -289,7 +292,7 @@ class RunRecord:
             self._metrics_f.close()
             self._metrics_f = None
         if self._wandb is not None:
-            self._wandb.finish(quiet=True)
+            self._wandb.finish()
             self._wandb = None
 
 

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
+from phase6.config.data import DataConfig
+
 SCHEDULES = ("cosine", "warmdown")
 PARALLEL_MODES = ("ddp", "fsdp2")
 SANITY_MODES = ("none", "overfit_batch")
+DTYPES = ("auto", "bf16", "fp32")
+COMPILE_MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -42,12 +47,13 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pad_vocab_multiple"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"model.{key} must be > 0, got {getattr(self, key)}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+            require(getattr(self, key) > 0, f"model.{key}", f"must be > 0, got {getattr(self, key)}")
+        require(
+            self.n_embd % self.n_head == 0,
+            "model.n_embd",
+            f"({self.n_embd}) must be divisible by model.n_head ({self.n_head})",
+        )
+        require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -92,20 +98,18 @@ class OptimConfig:
     """One-line justification + source per field name, rendered into results.md."""
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        require(self.schedule in SCHEDULES, "optim.schedule", f"must be one of {SCHEDULES}, got {self.schedule!r}")
+        require(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
+        require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         for key in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ValueError(f"optim.{key} must be in [0, 1), got {getattr(self, key)}")
+            require(0.0 <= getattr(self, key) < 1.0, f"optim.{key}", f"must be in [0, 1), got {getattr(self, key)}")
         for key in ("weight_decay", "grad_clip", "warmup_steps", "warmdown_steps"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"optim.{key} must be >= 0, got {getattr(self, key)}")
-        if self.schedule == "cosine" and self.warmdown_steps:
-            raise ValueError("optim.warmdown_steps is only used with optim.schedule=warmdown; set it to 0")
+            require(getattr(self, key) >= 0, f"optim.{key}", f"must be >= 0, got {getattr(self, key)}")
+        require(
+            self.schedule == "warmdown" or self.warmdown_steps == 0,
+            "optim.warmdown_steps",
+            "is only used with optim.schedule=warmdown; set it to 0",
+        )
 
 
 @dataclass
@@ -128,11 +132,12 @@ class ParallelConfig:
     """One-line justification + source per field name, rendered into results.md."""
 
     def __post_init__(self) -> None:
-        if self.mode not in PARALLEL_MODES:
-            raise ValueError(f"parallel.mode must be one of {PARALLEL_MODES}, got {self.mode!r}")
-        modes = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-        if self.compile_mode not in modes:
-            raise ValueError(f"parallel.compile_mode must be one of {modes}, got {self.compile_mode!r}")
+        require(self.mode in PARALLEL_MODES, "parallel.mode", f"must be one of {PARALLEL_MODES}, got {self.mode!r}")
+        require(
+            self.compile_mode in COMPILE_MODES,
+            "parallel.compile_mode",
+            f"must be one of {COMPILE_MODES}, got {self.compile_mode!r}",
+        )
 
 
 @dataclass
@@ -159,8 +164,6 @@ class TrainConfig:
     """Most recent checkpoints kept on disk."""
     resume: str | None = None
     """Checkpoint file to resume from, or 'auto' for the newest one under run.dir/<name>/checkpoints."""
-    log_every: int = 1
-    """Console / metrics.jsonl cadence in steps."""
     sanity: str = "none"
     """'overfit_batch': train on one fixed batch (loss must go to ~0); 'none': normal run."""
     dry_run_steps: int = 0
@@ -171,28 +174,52 @@ class TrainConfig:
     """One-line justification + source per field name, rendered into results.md."""
 
     def __post_init__(self) -> None:
-        for key in ("micro_batch_size", "seq_len", "total_batch_tokens", "max_steps", "log_every", "keep_checkpoints"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"train.{key} must be > 0, got {getattr(self, key)}")
+        for key in ("micro_batch_size", "seq_len", "total_batch_tokens", "max_steps", "keep_checkpoints"):
+            require(getattr(self, key) > 0, f"train.{key}", f"must be > 0, got {getattr(self, key)}")
         for key in ("val_every", "val_tokens", "ckpt_every", "dry_run_steps"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"train.{key} must be >= 0, got {getattr(self, key)}")
-        if self.dtype not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"train.dtype must be one of ('auto', 'bf16', 'fp32'), got {self.dtype!r}")
-        if self.sanity not in SANITY_MODES:
-            raise ValueError(f"train.sanity must be one of {SANITY_MODES}, got {self.sanity!r}")
+            require(getattr(self, key) >= 0, f"train.{key}", f"must be >= 0, got {getattr(self, key)}")
+        require(self.dtype in DTYPES, "train.dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        require(self.sanity in SANITY_MODES, "train.sanity", f"must be one of {SANITY_MODES}, got {self.sanity!r}")
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-steps per optimizer step so that B * T * world * accum == total_batch_tokens exactly."""
         per_micro = self.micro_batch_size * self.seq_len * world_size
-        if self.total_batch_tokens % per_micro != 0:
-            raise ValueError(
-                f"train.total_batch_tokens ({self.total_batch_tokens}) must be divisible by "
-                f"train.micro_batch_size * train.seq_len * world_size "
-                f"({self.micro_batch_size} * {self.seq_len} * {world_size} = {per_micro})"
-            )
+        require(
+            self.total_batch_tokens % per_micro == 0,
+            "train.total_batch_tokens",
+            f"({self.total_batch_tokens}) must be divisible by train.micro_batch_size * train.seq_len * "
+            f"world_size ({self.micro_batch_size} * {self.seq_len} * {world_size} = {per_micro})",
+        )
         return self.total_batch_tokens // per_micro
 
     def total_tokens(self) -> int:
         """Token budget D of the run (max_steps * total_batch_tokens)."""
         return self.max_steps * self.total_batch_tokens
+
+
+@dataclass
+class PretrainRunConfig:
+    """`phase6 pretrain`: GPT-2 pretraining with predictions written before step 1 and checked at the end."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    device: str = "auto"
+    """'auto' (cuda:LOCAL_RANK if available, else cpu), 'cuda' or 'cpu'."""
+    prepare_data: bool = True
+    """Tokenize data.* into data.out_dir first when it holds no shards (the embedded corpus takes seconds)."""
+    val_loss_offset: float | None = None
+    """delta of the loss prediction L_fit(N, D) + delta; None = the planner's default reference point."""
+
+    def __post_init__(self) -> None:
+        require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
+        require(
+            self.train.seq_len <= self.model.block_size,
+            "train.seq_len",
+            f"({self.train.seq_len}) must be <= model.block_size ({self.model.block_size})",
+        )

@@ -112,16 +112,12 @@ class Workload:
                         self.source), dropped
 
 
-def _check_row(path: Path, line: int, inp: object, out: object, ts: float, prev_ts: float) -> None:
+def _check_lengths(path: Path, line: int, inp: object, out: object) -> None:
     where = f"{path}:{line}"
     if not isinstance(inp, int) or isinstance(inp, bool) or inp < 1:
         raise ValueError(f"{where}: input length must be an integer >= 1, got {inp!r}")
     if not isinstance(out, int) or isinstance(out, bool) or out < 1:
         raise ValueError(f"{where}: output length must be an integer >= 1, got {out!r}")
-    if not math.isfinite(ts) or ts < 0:
-        raise ValueError(f"{where}: timestamp must be finite and >= 0, got {ts!r}")
-    if ts < prev_ts:
-        raise ValueError(f"{where}: timestamps not sorted ({ts!r} after {prev_ts!r}); sort the trace by arrival")
 
 
 def load_mooncake(path: str | Path, limit: int | None = None) -> Workload:
@@ -157,7 +153,12 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> Workload:
             if not isinstance(t, (int, float)) or isinstance(t, bool):
                 raise ValueError(f"{path}:{line_no}: timestamp must be a number (ms), got {t!r}")
             t_s = float(t) / 1000.0
-            _check_row(path, line_no, row["input_length"], row["output_length"], t_s, prev)
+            if not math.isfinite(t_s) or t_s < 0:
+                raise ValueError(f"{path}:{line_no}: timestamp must be finite and >= 0 ms, got {t!r}")
+            if t_s < prev:
+                raise ValueError(f"{path}:{line_no}: timestamps not sorted ({t!r} ms after {prev * 1000:g} ms); "
+                                 "sort the trace by arrival")
+            _check_lengths(path, line_no, row["input_length"], row["output_length"])
             h = row["hash_ids"]
             if not isinstance(h, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in h):
                 raise ValueError(f"{path}:{line_no}: hash_ids must be a list of integers")
@@ -231,7 +232,7 @@ def load_azure(path: str | Path, limit: int | None = None) -> Workload:
             except ValueError:
                 raise ValueError(f"{path}:{line_no}: ContextTokens/GeneratedTokens must be integers, got "
                                  f"{vals[1]!r}, {vals[2]!r}") from None
-            _check_row(path, line_no, a, b, max(t - (ts[0] if ts else t), 0.0), 0.0)
+            _check_lengths(path, line_no, a, b)
             if t < prev:
                 raise ValueError(f"{path}:{line_no}: timestamps not sorted ({vals[0]} is earlier than the row "
                                  f"before); sort the trace by arrival")
@@ -337,10 +338,9 @@ def synthetic(
     uniq = 0  # salt for private content so that different sessions never share non-system blocks
     for s in range(num_sessions):
         t = starts[s]
-        ctx = 0  # tokens of the conversation so far (shared with the next turn)
+        ctx = prefix_tokens if prefix_groups > 0 else 0  # tokens shared with the previous turn / system prompt
         blocks: list[int] = []
-        if prefix_groups > 0:
-            ctx = prefix_tokens
+        prev_in = 0
         for k in range(turns):
             i = s * turns + k
             if i >= num_requests:
@@ -348,9 +348,9 @@ def synthetic(
             if k > 0:
                 t = t + think[i]
             n_in = ctx + int(new_in[i])
-            # Rebuild chained ids: blocks fully inside the shared part keep their ids; the rest are new content.
-            shared_full = ctx // BLOCK_TOKENS
-            blocks = blocks[:shared_full]
+            # Chained ids: the previous prompt's full blocks are reused; a partial last block, the previous answer
+            # and the new question are new content.
+            blocks = blocks[: prev_in // BLOCK_TOKENS]
             if prefix_groups > 0 and k == 0:
                 g = int(group[s])
                 parent = -1 - g  # system prompt g's chain root
@@ -367,6 +367,7 @@ def synthetic(
             inp[i] = n_in
             sess[i] = s
             hid.append(tuple(blocks))
+            prev_in = n_in
             ctx = n_in + int(out[i])
     order = np.argsort(arr, kind="stable")
     arr = arr[order]

@@ -14,12 +14,16 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from phase6.config.pretrain import ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import GPT2Config
 
 
 class CausalSelfAttention(nn.Module):
@@ -137,7 +141,7 @@ class GPT(nn.Module):
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def hf_config_from(cfg: ModelConfig, eos_token_id: int | None = None) -> "transformers.GPT2Config":  # noqa: F821
+def hf_config_from(cfg: ModelConfig, eos_token_id: int | None = None) -> GPT2Config:
     """The HF GPT2Config describing the same network (HF GPT-2 always has biases; dropout off)."""
     from transformers import GPT2Config
 
@@ -159,7 +163,7 @@ def hf_config_from(cfg: ModelConfig, eos_token_id: int | None = None) -> "transf
     )
 
 
-def model_config_from_hf(hf_config: "transformers.GPT2Config", name: str = "hf") -> ModelConfig:  # noqa: F821
+def model_config_from_hf(hf_config: GPT2Config, name: str = "hf") -> ModelConfig:
     """ModelConfig for an HF GPT-2 config (bias=True: HF checkpoints carry biases)."""
     if hf_config.model_type != "gpt2":
         raise ValueError(f"expected an HF config with model_type 'gpt2', got {hf_config.model_type!r}")

@@ -1,0 +1,58 @@
+# phase6 — `make demo` and `make test` work as the first command on a fresh machine (they create .venv first).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch goes in FIRST: a bare `torch` requirement would pull a multi-GB CUDA build on CPU-only machines.
+# GPU nodes: `make setup TORCH_SPEC=torch` (CUDA build from PyPI); elsewhere add TORCH_INDEX=<a CPU wheel index>.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+EXTRAS ?= dev
+# multi-GPU / multi-node launch (torchrun c10d rendezvous)
+NPROC ?= $(shell n=$$(nvidia-smi -L 2>/dev/null | wc -l); [ "$$n" -gt 0 ] && echo $$n || echo 1)
+NNODES ?= 1
+NODE_RANK ?= 0
+MASTER_ADDR ?= 127.0.0.1
+MASTER_PORT ?= 29500
+ARGS ?=
+OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+TORCHRUN := $(BIN)/torchrun --nnodes $(NNODES) --node_rank $(NODE_RANK) --nproc_per_node $(NPROC) \
+	--rdzv_backend c10d --rdzv_endpoint $(MASTER_ADDR):$(MASTER_PORT)
+
+.PHONY: setup demo test lint 6a 6b 6c 6d clean
+
+$(BIN)/phase6: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $@
+
+setup: $(BIN)/phase6
+
+demo: $(BIN)/phase6
+	$(OFFLINE) $(BIN)/python scripts/demo.py
+
+test: $(BIN)/phase6
+	$(OFFLINE) $(BIN)/python -m pytest -q tests
+
+lint: $(BIN)/phase6
+	$(BIN)/ruff check src tests scripts projects
+	$(BIN)/ruff format --check src tests scripts projects
+
+# 6A: prepare data if needed -> train on all visible GPUs (torchrun) -> export -> lm-eval -> report.
+6a: $(BIN)/phase6
+	NPROC=$(NPROC) TORCHRUN="$(TORCHRUN)" BIN=$(BIN) bash scripts/6a.sh $(ARGS)
+
+# 6B: the serving scaling table (restarts the server only when engine/TP/model change).
+6b: $(BIN)/phase6
+	$(BIN)/phase6 serve-bench -m $(ARGS)
+
+6c: $(BIN)/phase6
+	$(BIN)/phase6 dpo $(ARGS)
+
+6d: $(BIN)/phase6
+	$(BIN)/phase6 grpo $(ARGS)
+
+clean:
+	rm -rf outputs multirun .pytest_cache .ruff_cache

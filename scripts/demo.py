@@ -1,0 +1,46 @@
+"""`make demo`: run every registered pipeline's smoke experiment on CPU, offline, and list the run directories.
+
+A job takes part when it has ``configs/<job>/experiment/smoke.yaml``; jobs without one (cost) run a fixed example.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from phase6.config import CONFIG_DIR, JOBS
+
+EXAMPLES = {"cost": ["hardware=h100_sxm", "gpus=8", "hours=0.75", "output_tokens=5e9"]}
+
+
+def main() -> int:
+    results: list[tuple[str, str, float, str]] = []
+    for job in JOBS:
+        smoke = CONFIG_DIR / job / "experiment" / "smoke.yaml"
+        if smoke.is_file():
+            args = ["experiment=smoke"]
+        elif job in EXAMPLES:
+            args = EXAMPLES[job]
+        else:
+            continue
+        cmd = [sys.executable, "-m", "phase6", job.replace("_", "-"), *args]
+        print(f"\n=== {' '.join(cmd[2:])}", flush=True)
+        t0 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        dt = time.time() - t0
+        sys.stdout.write(proc.stdout[-3000:])
+        run_dir = next((ln.split("run dir:", 1)[1].strip() for ln in reversed(proc.stdout.splitlines())
+                        if ln.startswith("run dir:")), "")
+        if proc.returncode != 0:
+            sys.stdout.write(proc.stderr[-3000:])
+        results.append((job, "ok" if proc.returncode == 0 else f"FAILED ({proc.returncode})", dt, run_dir))
+    print("\n| job | status | seconds | run dir |\n|---|---|---|---|")
+    for job, status, dt, run_dir in results:
+        print(f"| {job} | {status} | {dt:.0f} | {run_dir} |")
+    return 0 if all(r[1] == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Config of `phase6 fleet`: a discrete-event simulation of serving replicas fed with request traces.
+
+Groups: ``workload`` (configs/fleet/workload/*.yaml), ``engine``, ``fleet``, ``load``, ``slo``, ``analysis``; the model
+is a planner preset name (configs/plan/model/<name>.yaml), hardware the shared group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
+
+WORKLOAD_KINDS = ("mooncake", "azure", "synthetic")
+STEP_TIME_SOURCES = ("roofline", "table")
+ROUTERS = ("round_robin", "least_loaded", "prefix_aware", "session_affinity")
+SIM_ENGINES = ("simpy", "heapq")
+KV_LINKS = ("internode", "nvlink")
+
+
+@dataclass
+class RequestClassConfig:
+    """One component of a synthetic mix; lengths uniform on inclusive integer ranges."""
+
+    weight: float = 1.0
+    """Relative frequency of this class."""
+    input_min: int = 100
+    """Smallest prompt, tokens (new tokens only: shared system prompt / earlier turns come on top)."""
+    input_max: int = 2000
+    """Largest prompt, tokens."""
+    output_min: int = 100
+    """Shortest answer, tokens."""
+    output_max: int = 500
+    """Longest answer, tokens."""
+
+
+@dataclass
+class FleetWorkloadConfig:
+    """Where requests come from: a Mooncake JSONL or Azure CSV trace, or a seeded synthetic mix."""
+
+    kind: str = "synthetic"
+    """mooncake | azure | synthetic."""
+    path: str | None = None
+    """Trace file (mooncake: JSONL with timestamp ms, input_length, output_length, hash_ids; azure: CSV)."""
+    limit: int | None = None
+    """Read only the first N requests of the trace."""
+    repeat: int = 1
+    """Play the trace this many times back to back (prefix ids kept distinct); for million-request runs."""
+    max_tokens: int | None = None
+    """Drop requests whose prompt + output exceed this (counted in the results); None keeps all."""
+    num_requests: int = 2000
+    """Synthetic: number of requests."""
+    rate: float = 10.0
+    """Synthetic: mean arrival rate, req/s (load.rates rescale it)."""
+    burstiness: float = 1.0
+    """Synthetic: gamma shape of inter-arrival gaps (1 = Poisson; < 1 burstier)."""
+    classes: list[RequestClassConfig] = field(default_factory=lambda: [RequestClassConfig()])
+    """Synthetic: the length mix."""
+    prefix_groups: int = 0
+    """Synthetic: number of shared system prompts (0 = none)."""
+    prefix_tokens: int = 0
+    """Synthetic: tokens per shared system prompt."""
+    zipf_alpha: float = 0.0
+    """Synthetic: Zipf exponent of system-prompt popularity (0 = uniform)."""
+    turns: int = 1
+    """Synthetic: turns per session; turn k's prompt contains the whole earlier conversation."""
+    think_time_s: float = 0.0
+    """Synthetic: mean (exponential) gap between a session's turns, seconds."""
+
+    def __post_init__(self) -> None:
+        require(self.kind in WORKLOAD_KINDS, "workload.kind", f"must be one of {', '.join(WORKLOAD_KINDS)}, got {self.kind!r}")
+        require(self.kind == "synthetic" or bool(self.path), "workload.path", f"a {self.kind} trace needs a file path")
+        require(self.limit is None or self.limit >= 1, "workload.limit", f"must be >= 1 or null, got {self.limit}")
+        require(self.repeat >= 1, "workload.repeat", f"must be >= 1, got {self.repeat}")
+        require(self.max_tokens is None or self.max_tokens >= 2, "workload.max_tokens", f"must be >= 2, got {self.max_tokens}")
+        require(self.num_requests >= 1, "workload.num_requests", f"must be >= 1, got {self.num_requests}")
+        require(self.rate > 0, "workload.rate", f"must be > 0 req/s, got {self.rate}")
+        require(self.burstiness > 0, "workload.burstiness", f"must be > 0, got {self.burstiness}")
+        require(len(self.classes) > 0, "workload.classes", "must list at least one request class")
+        for i, c in enumerate(self.classes):
+            require(c.weight > 0 and 1 <= c.input_min <= c.input_max and 1 <= c.output_min <= c.output_max,
+                    f"workload.classes[{i}]", "need weight > 0, 1 <= input_min <= input_max, 1 <= output_min <= output_max")
+        require((self.prefix_groups > 0) == (self.prefix_tokens > 0) and self.prefix_groups >= 0,
+                "workload.prefix_groups", "prefix_groups and prefix_tokens must both be > 0 or both 0")
+        require(self.zipf_alpha >= 0, "workload.zipf_alpha", f"must be >= 0, got {self.zipf_alpha}")
+        require(self.turns >= 1, "workload.turns", f"must be >= 1, got {self.turns}")
+        require(self.think_time_s >= 0, "workload.think_time_s", f"must be >= 0, got {self.think_time_s}")
+
+
+@dataclass
+class EngineConfig:
+    """One serving replica: TP degree, continuous-batching limits, KV memory, and where step times come from."""
+
+    tp: int = 4
+    """GPUs per replica (tensor parallel)."""
+    max_num_seqs: int = 256
+    """Most sequences in a batch (vLLM --max-num-seqs)."""
+    max_batched_tokens: int = 8192
+    """Per-step token budget: decodes take 1 each, chunked prefill the rest (vLLM --max-num-batched-tokens)."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of HBM the engine may use; KV capacity = that minus the weights (vLLM --gpu-memory-utilization)."""
+    kv_blocks: int | None = None
+    """Override the KV capacity per replica in 512-token blocks (None = derived from memory)."""
+    step_time: str = "roofline"
+    """roofline (model + hardware, efficiencies below) | table (serve-bench measurements, see table_path)."""
+    table_path: str | None = None
+    """step_time=table: a serve-bench results.json (rows with concurrency, ttft_p50_ms, tpot_p50_ms)."""
+    table_input_tokens: int | None = None
+    """step_time=table: mean prompt tokens of the serve-bench run (prefill ms/token = TTFT@C=1 / this)."""
+    mfu: float = 0.5
+    """Roofline: fraction of peak bf16 FLOP/s a step achieves when compute-bound."""
+    mbu: float = 0.8
+    """Roofline: fraction of HBM bandwidth a step achieves when memory-bound."""
+    step_overhead_ms: float = 2.0
+    """Roofline: fixed per-step cost (scheduler, sampling, kernel launches), ms."""
+    bytes_per_param: float = 2.0
+    """Weight bytes per parameter (2 = bf16)."""
+    kv_bytes_per_elem: float = 2.0
+    """KV-cache bytes per element (2 = bf16, 1 = fp8)."""
+
+    def __post_init__(self) -> None:
+        require(self.tp >= 1, "engine.tp", f"must be >= 1, got {self.tp}")
+        require(self.max_num_seqs >= 1, "engine.max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
+        require(self.max_batched_tokens >= 1, "engine.max_batched_tokens", f"must be >= 1, got {self.max_batched_tokens}")
+        require(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization",
+                f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        require(self.kv_blocks is None or self.kv_blocks >= 1, "engine.kv_blocks", f"must be >= 1 or null, got {self.kv_blocks}")
+        require(self.step_time in STEP_TIME_SOURCES, "engine.step_time",
+                f"must be one of {', '.join(STEP_TIME_SOURCES)}, got {self.step_time!r}")
+        require(self.step_time != "table" or bool(self.table_path), "engine.table_path",
+                "step_time=table needs a serve-bench results.json")
+        require(self.step_time != "table" or (self.table_input_tokens or 0) >= 1, "engine.table_input_tokens",
+                "step_time=table needs the mean prompt tokens of the measured run")
+        require(0 < self.mfu <= 1, "engine.mfu", f"must be in (0, 1], got {self.mfu}")
+        require(0 < self.mbu <= 1, "engine.mbu", f"must be in (0, 1], got {self.mbu}")
+        require(self.step_overhead_ms >= 0, "engine.step_overhead_ms", f"must be >= 0, got {self.step_overhead_ms}")
+        require(self.bytes_per_param > 0, "engine.bytes_per_param", f"must be > 0, got {self.bytes_per_param}")
+        require(self.kv_bytes_per_elem > 0, "engine.kv_bytes_per_elem", f"must be > 0, got {self.kv_bytes_per_elem}")
+
+
+def parse_policy(p: str) -> tuple[str, int, int]:
+    """``colocated`` -> ("colocated", 0, 0); ``pd:P:D`` -> ("pd", P, D). Raises ValueError naming fleet.policies."""
+    if p == "colocated":
+        return ("colocated", 0, 0)
+    parts = p.split(":")
+    ok = len(parts) == 3 and parts[0] == "pd" and parts[1].isdigit() and parts[2].isdigit()
+    require(ok and int(parts[1]) >= 1 and int(parts[2]) >= 1, "fleet.policies",
+            f"each entry must be 'colocated' or 'pd:P:D' with P, D >= 1 replicas, got {p!r}")
+    return ("pd", int(parts[1]), int(parts[2]))
+
+
+@dataclass
+class FleetConfig:
+    """Replicas, the P/D policies compared, the routers compared."""
+
+    replicas: int = 8
+    """Replicas of the colocated fleet (each engine.tp GPUs); a pd:P:D policy uses P + D replicas."""
+    policies: list[str] = field(default_factory=lambda: ["colocated", "pd:3:5"])
+    """Serving policies: 'colocated' (prefill and decode share replicas) or 'pd:P:D' (disaggregated)."""
+    routers: list[str] = field(default_factory=lambda: list(ROUTERS))
+    """Request routers compared (for pd: the prefill pool; the decode pool is always least-loaded)."""
+    kv_link: str = "internode"
+    """PD KV transfer path: internode (hardware.internode_gbps per GPU) or nvlink (hardware.nvlink_gbps)."""
+    sim_engine: str = "simpy"
+    """Event loop: simpy (SimPy Environment) or heapq (hand-written; same events, same results)."""
+
+    def __post_init__(self) -> None:
+        require(self.replicas >= 1, "fleet.replicas", f"must be >= 1, got {self.replicas}")
+        require(len(self.policies) > 0, "fleet.policies", "must list at least one policy")
+        for p in self.policies:
+            parse_policy(p)
+        require(len(self.routers) > 0, "fleet.routers", "must list at least one router")
+        for r in self.routers:
+            require(r in ROUTERS, "fleet.routers", f"each must be one of {', '.join(ROUTERS)}, got {r!r}")
+        require(self.kv_link in KV_LINKS, "fleet.kv_link", f"must be one of {', '.join(KV_LINKS)}, got {self.kv_link!r}")
+        require(self.sim_engine in SIM_ENGINES, "fleet.sim_engine",
+                f"must be one of {', '.join(SIM_ENGINES)}, got {self.sim_engine!r}")
+
+
+@dataclass
+class LoadConfig:
+    """The load sweep: absolute request rates (open loop) or concurrencies (closed loop)."""
+
+    rates: list[float] = field(default_factory=lambda: [2.0, 4.0, 8.0, 16.0])
+    """Mean arrival rates, req/s: the workload's timestamps are rescaled to each (trace shape kept)."""
+    mode: str = "open"
+    """open (arrivals from the timestamps) | closed (load.concurrency clients, next request on completion)."""
+    concurrency: list[int] = field(default_factory=lambda: [1, 16, 64])
+    """Closed loop: number of clients."""
+
+    def __post_init__(self) -> None:
+        require(self.mode in ("open", "closed"), "load.mode", f"must be open or closed, got {self.mode!r}")
+        require(self.mode != "open" or (len(self.rates) > 0 and all(r > 0 for r in self.rates)), "load.rates",
+                f"must be a non-empty list of rates > 0 req/s, got {self.rates}")
+        require(self.mode != "closed" or (len(self.concurrency) > 0 and all(c >= 1 for c in self.concurrency)),
+                "load.concurrency", f"must be a non-empty list of integers >= 1, got {self.concurrency}")
+
+
+@dataclass
+class SloConfig:
+    """Service-level objective: a request is good when TTFT and TPOT both meet it (DistServe goodput)."""
+
+    ttft_ms: float = 2000.0
+    """Time to first token limit, ms."""
+    tpot_ms: float = 100.0
+    """Time per output token limit, ms; TPOT = (E2E - TTFT) / (output_tokens - 1)."""
+    attainment: float = 0.9
+    """Fraction of requests that must be good for a rate to count as served (DistServe uses 90 %)."""
+
+    def __post_init__(self) -> None:
+        require(self.ttft_ms > 0, "slo.ttft_ms", f"must be > 0, got {self.ttft_ms}")
+        require(self.tpot_ms > 0, "slo.tpot_ms", f"must be > 0, got {self.tpot_ms}")
+        require(0 < self.attainment <= 1, "slo.attainment", f"must be in (0, 1], got {self.attainment}")
+
+
+@dataclass
+class AnalysisConfig:
+    """Searches on top of the sweep: replicas needed for a rate, and the 'when PD pays' grid."""
+
+    target_rate: float | None = None
+    """Find the fewest replicas that serve this rate (req/s) within the SLO, per policy and router; None = skip."""
+    max_replicas: int = 64
+    """Upper bound of that search."""
+    pd_table: bool = False
+    """Build the 'when PD disaggregation pays' table (synthetic fixed-length requests, no shared prefixes)."""
+    pd_ratios: list[float] = field(default_factory=lambda: [1.0, 4.0, 16.0])
+    """Grid rows: prompt/output length ratio."""
+    pd_output_tokens: int = 256
+    """Output length of the grid's requests (prompt = ratio x this)."""
+    pd_slo_scales: list[float] = field(default_factory=lambda: [2.0, 4.0, 8.0])
+    """Grid columns: SLO tightness = multiples of the unloaded single-request TTFT and TPOT (DistServe's SLO scale)."""
+    pd_replicas: int = 8
+    """Replicas (each engine.tp GPUs) both sides get: colocated N vs every pd:P:(N-P)."""
+    pd_requests: int = 1500
+    """Requests per simulated rate point of the grid."""
+    rate_search_steps: int = 8
+    """Bisection steps of a max-rate search."""
+
+    def __post_init__(self) -> None:
+        require(self.target_rate is None or self.target_rate > 0, "analysis.target_rate", f"must be > 0, got {self.target_rate}")
+        require(self.max_replicas >= 1, "analysis.max_replicas", f"must be >= 1, got {self.max_replicas}")
+        require(len(self.pd_ratios) > 0 and all(r > 0 for r in self.pd_ratios), "analysis.pd_ratios",
+                f"must be a non-empty list of ratios > 0, got {self.pd_ratios}")
+        require(self.pd_output_tokens >= 2, "analysis.pd_output_tokens", f"must be >= 2, got {self.pd_output_tokens}")
+        require(len(self.pd_slo_scales) > 0 and all(s > 1 for s in self.pd_slo_scales), "analysis.pd_slo_scales",
+                f"must be a non-empty list of scales > 1, got {self.pd_slo_scales}")
+        require(self.pd_replicas >= 2, "analysis.pd_replicas", f"must be >= 2 (one prefill + one decode), got {self.pd_replicas}")
+        require(self.pd_requests >= 50, "analysis.pd_requests", f"must be >= 50, got {self.pd_requests}")
+        require(self.rate_search_steps >= 2, "analysis.rate_search_steps", f"must be >= 2, got {self.rate_search_steps}")
+
+
+@dataclass
+class FleetRunConfig:
+    """`phase6 fleet`: goodput, prefix hit rate, replicas and cost of serving policies and routers on a trace."""
+
+    run: RunConfig = field(default_factory=lambda: RunConfig(name="fleet"))
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    model: str = "llama3.1-70b"
+    """Planner model preset (configs/plan/model/<name>.yaml): shapes for weights, KV bytes and FLOPs."""
+    workload: FleetWorkloadConfig = field(default_factory=FleetWorkloadConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    plots: bool = True
+    """Write plots/*.png (matplotlib)."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.model), "model", "must name a planner preset, e.g. llama3.1-70b")

@@ -1,0 +1,106 @@
+"""The 6C evidence bar as code: target improved; MMLU drop ≤ 2 points; generation length ratio ≤ 1.3×.
+
+A check that was not measured (task not in the battery, no length stats) is reported as ``not measured`` and makes the
+verdict ``INCOMPLETE``, never ``PASS``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from phase6.evals.battery import BatteryResult
+
+
+@dataclass
+class Check:
+    name: str
+    value: str
+    bar: str
+    passed: bool | None
+    """None = not measured."""
+    note: str = ""
+
+    def row(self) -> dict[str, Any]:
+        status = "not measured" if self.passed is None else ("pass" if self.passed else "FAIL")
+        return {"check": self.name, "value": self.value, "bar": self.bar, "status": status, "note": self.note}
+
+
+@dataclass
+class Verdict:
+    checks: list[Check]
+
+    @property
+    def status(self) -> str:
+        if any(c.passed is False for c in self.checks):
+            return "FAIL"
+        if any(c.passed is None for c in self.checks):
+            return "INCOMPLETE"
+        return "PASS"
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [c.row() for c in self.checks]
+
+
+def _noise_pts(before: BatteryResult, after: BatteryResult, task: str) -> float | None:
+    """Two standard errors of the difference of two independent estimates, in points (a conservative noise band:
+    the same items are scored twice, so the paired stderr would be smaller)."""
+    b, a = before.scores[task].stderr, after.scores[task].stderr
+    if b is None or a is None:
+        return None
+    return 200 * math.sqrt(b * b + a * a)
+
+
+def target_check(
+    before: BatteryResult | None, after: BatteryResult | None, target: str, judge_win_rate: float | None
+) -> Check:
+    """Target improved: a battery task whose score must rise, or ``judge`` (pairwise win rate > 50%)."""
+    if target == "judge":
+        if judge_win_rate is None:
+            return Check("target improved (judge)", "skipped", "win rate > 50%", None, "no judge endpoint configured")
+        return Check("target improved (judge)", f"{100 * judge_win_rate:.1f}%", "win rate > 50%", judge_win_rate > 0.5)
+    if before is None or after is None or target not in before.scores or target not in after.scores:
+        return Check(f"target improved ({target})", "—", "delta > 0", None, f"{target} not in the battery")
+    d = 100 * (after.scores[target].value - before.scores[target].value)
+    noise = _noise_pts(before, after, target)
+    note = "" if noise is None else ("beyond 2 SE" if d > noise else f"within noise (2 SE = {noise:.2f} pts)")
+    return Check(f"target improved ({target})", f"{d:+.2f} pts", "delta > 0", d > 0, note)
+
+
+def mmlu_check(
+    before: BatteryResult | None, after: BatteryResult | None, max_drop_pts: float = 2.0, task: str = "mmlu"
+) -> Check:
+    if before is None or after is None or task not in before.scores or task not in after.scores:
+        return Check("MMLU drop", "—", f"≤ {max_drop_pts:g} pts", None, f"{task} not in the battery")
+    d = 100 * (after.scores[task].value - before.scores[task].value)
+    return Check("MMLU drop", f"{d:+.2f} pts", f"≥ -{max_drop_pts:g} pts", d >= -max_drop_pts)
+
+
+def length_check(ratio: float | None, max_ratio: float = 1.3, truncated_frac: float | None = None) -> Check:
+    if ratio is None:
+        return Check("length ratio", "—", f"≤ {max_ratio:g}x", None, "no length statistics")
+    note = ""
+    if truncated_frac:
+        note = f"{100 * truncated_frac:.0f}% of 'after' generations hit max_new_tokens: ratio is a lower bound"
+    return Check("length ratio (mean tokens)", f"{ratio:.3f}x", f"≤ {max_ratio:g}x", ratio <= max_ratio, note)
+
+
+def dpo_verdict(
+    before: BatteryResult | None,
+    after: BatteryResult | None,
+    *,
+    target: str,
+    length_ratio: float | None,
+    length_truncated_frac: float | None = None,
+    judge_win_rate: float | None = None,
+    max_mmlu_drop_pts: float = 2.0,
+    max_length_ratio: float = 1.3,
+) -> Verdict:
+    return Verdict(
+        [
+            target_check(before, after, target, judge_win_rate),
+            mmlu_check(before, after, max_mmlu_drop_pts),
+            length_check(length_ratio, max_length_ratio, length_truncated_frac),
+        ]
+    )

@@ -1,0 +1,101 @@
+"""Parallelism as free functions on a plain GPT, applied in ONE order by `parallelize` (torchtitan style).
+
+    apply_ac       wrap each block in activation checkpointing      (first: compile must trace the recompute)
+    apply_compile  torch.compile: per block under FSDP2 (each block is one graph between FSDP's all-gather /
+                   reduce-scatter hooks), the whole model otherwise (so the lm_head + cross-entropy fuse)
+    apply_fsdp     FSDP2 fully_shard per block, then the root (wte/wpe/ln_f/tied lm_head form one unit)
+    apply_ddp      DistributedDataParallel around the (compiled) model
+                   (last: the data-parallel wrapper must see the final modules and parameters)
+
+A world of one with mode 'ddp' gets no wrapper at all. Gradient sync during accumulation micro-steps is switched
+off with `set_grad_sync` (DDP no_sync / FSDP2 set_requires_gradient_sync), so each optimizer step communicates once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from phase6.config.pretrain import ParallelConfig
+from phase6.dist import DistInfo
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    return model.transformer.h  # type: ignore[return-value]
+
+
+def apply_ac(model: nn.Module) -> None:
+    """Full activation checkpointing per block: keep block inputs, recompute the block in backward."""
+    blocks = _blocks(model)
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block)  # state_dict hooks strip the wrapper prefix: keys stay unchanged
+
+
+def apply_compile(model: nn.Module, per_block: bool, mode: str | None = None) -> None:
+    """In-place torch.compile (nn.Module.compile keeps parameter names, so checkpoints need no prefix fix)."""
+    if per_block:
+        for block in _blocks(model):
+            block.compile(mode=mode, fullgraph=True)
+    else:
+        model.compile(mode=mode)
+
+
+def apply_fsdp(
+    model: nn.Module,
+    info: DistInfo,
+    param_dtype: torch.dtype | None,
+    reshard_after_forward: bool = True,
+) -> None:
+    """FSDP2 over all ranks: fully_shard each block, then the root; bf16 params / fp32 grad reduce on GPU."""
+    mesh = init_device_mesh(info.device.type, (info.world_size,))
+    # params are all-gathered in param_dtype for compute; gradients are reduce-scattered in fp32 so the sum over
+    # ranks does not lose precision (torchtitan mixed_precision_reduce default); the sharded master copy stays fp32
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    blocks = _blocks(model)
+    for i, block in enumerate(blocks):
+        # the last block's params would be re-gathered immediately for backward: keep them (torchtitan)
+        last = i == len(blocks) - 1
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and not last)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+
+
+def apply_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
+    """Classic DDP (bucketed all-reduce overlapping backward); gradients are views into the buckets."""
+    device_ids = [info.local_rank] if info.device.type == "cuda" else None
+    return DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+
+
+def parallelize(
+    model: nn.Module,
+    cfg: ParallelConfig,
+    info: DistInfo,
+    param_dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Apply AC -> compile -> FSDP2 | DDP in that order; returns the module to call (a DDP wrapper or `model`)."""
+    if cfg.activation_checkpointing:
+        apply_ac(model)
+    if cfg.compile:
+        apply_compile(model, per_block=cfg.mode == "fsdp2", mode=cfg.compile_mode)
+    if cfg.mode == "fsdp2":
+        apply_fsdp(model, info, param_dtype, cfg.reshard_after_forward)
+        return model
+    if info.distributed:
+        return apply_ddp(model, info)
+    return model
+
+
+def set_grad_sync(model: nn.Module, enabled: bool) -> None:
+    """Turn gradient communication on (last micro-step) or off (earlier micro-steps) for DDP / FSDP2 / plain."""
+    if isinstance(model, DDP):
+        model.require_backward_grad_sync = enabled  # exactly what DDP.no_sync() toggles
+    elif isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The GPT inside a DDP wrapper (FSDP2 modifies the module in place, so it is already the GPT)."""
+    return model.module if isinstance(model, DDP) else model

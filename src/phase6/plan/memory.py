@@ -1,0 +1,244 @@
+"""Memory per GPU: training (model states under DP / ZeRO-1/2/3 / TP / PP / EP / CP, activations) and serving.
+
+Model states follow ZeRO (Rajbhandari et al. 2020, arXiv 1910.02054 §3.1): mixed-precision Adam keeps 2 B bf16
+params + 2 B bf16 grads + 12 B fp32 optimizer states (master copy, momentum, variance) = 16 B/param before
+sharding; ZeRO-1 shards the 12, ZeRO-2 the 12 and the grads, ZeRO-3 (= FSDP full shard) all 16 over the
+data-parallel group. Activations follow Korthikanti et al. 2022 (arXiv 2205.05198 §4), generalised to GQA and
+gated MLPs; with sequence parallelism every term divides by TP, and flash attention removes the a·s² terms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from phase6.plan.model import ModelSpec
+
+GIB = 2**30
+# ZeRO's byte split of mixed-precision Adam: bf16 param, bf16 grad, fp32 master + m + v (arXiv 1910.02054 §3.1).
+PARAM_BYTES, GRAD_BYTES, OPTIM_BYTES = 2, 2, 12
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """One factorization of the GPUs: dp * tp * pp * cp = GPUs; EP is carved out of dp * cp (torchtitan/Megatron)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"dp{self.dp}·tp{self.tp}·pp{self.pp}·ep{self.ep}·cp{self.cp}"
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """The training step being planned."""
+
+    seq_len: int
+    global_batch_tokens: int
+    micro_batch: int = 1
+    zero: int = 1
+    """ZeRO stage 0-3."""
+    activation_checkpointing: bool = False
+    """Full recompute: keep each block's input only, rerun its forward in backward."""
+    pp_schedule: str = "1f1b"
+    virtual_stages: int = 2
+    grad_reduce_bytes: int = 4
+    flash_attention: bool = True
+    """SDPA/flash: no a·s² score matrix is stored."""
+    dropout: bool = False
+    """Dropout masks stored (Korthikanti's 34·sbh counts two per block)."""
+
+    def num_microbatches(self, layout: ParallelLayout) -> int:
+        """m = sequences per step / (dp * micro_batch); CP ranks share a sequence, TP/PP ranks share a micro-batch."""
+        seqs = self.global_batch_tokens / self.seq_len
+        return max(1, math.ceil(seqs / (layout.dp * self.micro_batch)))
+
+
+def zero_state_bytes(num_params: float, zero: int, shard: int) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes per GPU for ``num_params`` under ZeRO ``zero`` over ``shard`` ranks."""
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero stage must be 0, 1, 2 or 3, got {zero}")
+    p = num_params * PARAM_BYTES / (shard if zero >= 3 else 1)
+    g = num_params * GRAD_BYTES / (shard if zero >= 2 else 1)
+    o = num_params * OPTIM_BYTES / (shard if zero >= 1 else 1)
+    return p, g, o
+
+
+def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, cp: int = 1,
+                               flash_attention: bool = True, dropout: bool = False) -> float:
+    """Bytes one transformer block stores for backward (bf16), Korthikanti et al. 2022 generalised.
+
+    For GPT-2-style blocks (MHA, 4h non-gated MLP) with dropout and no flash attention this is exactly
+    s·b·h·(34 + 5·a·s/h); every term divides by TP (sequence parallel) and the sequence by CP.
+    """
+    s, b, h = seq_len / cp, micro_batch, model.hidden_size
+    sbh = s * b * h
+    norms = 2 * 2 * sbh  # inputs of the two norms
+    attn = 2 * sbh  # QKV projection input
+    attn += 2 * s * b * (model.q_dim + 2 * model.kv_dim)  # Q, K, V kept for the attention backward
+    attn += 2 * s * b * model.q_dim  # attention output = output-projection input
+    if flash_attention:
+        attn += 4 * s * b * model.num_heads  # fp32 log-sum-exp per row
+    else:
+        attn += 2 * model.num_heads * s * s * b / cp  # softmax output
+        if dropout:
+            attn += 3 * model.num_heads * s * s * b / cp  # dropout mask (1 B) + dropout output (2 B)
+    if dropout:
+        attn += sbh  # residual dropout mask
+    if model.is_moe:
+        f = model.expert_size
+        per_token_mlp = model.experts_per_token * (6 if model.gated_mlp else 4) * f
+        if model.shared_expert_intermediate_size:
+            per_token_mlp += 6 * model.shared_expert_intermediate_size
+        mlp = 2 * sbh + s * b * per_token_mlp + 2 * s * b * model.num_experts  # input, experts, router logits
+    else:
+        f = model.intermediate_size
+        mlp = 2 * sbh + s * b * (6 if model.gated_mlp else 4) * f  # input; gate/up/act (3·2sbf) or act-in/out (2·2sbf)
+    if dropout:
+        mlp += sbh
+    return (norms + attn + mlp) / tp
+
+
+def _inflight_microbatches(setup: TrainSetup, pp: int, m: int) -> float:
+    """Micro-batches whose activations the first pipeline stage holds at its peak."""
+    if pp == 1:
+        return 1.0
+    if setup.pp_schedule == "gpipe":
+        return float(m)  # all forwards before any backward
+    inflight = float(min(pp, m))  # 1F1B and ZB-H1 (same peak as 1F1B, Qi et al. 2023)
+    if setup.pp_schedule == "interleaved":
+        inflight *= 1 + (pp - 1) / (pp * setup.virtual_stages)  # Narayanan et al. 2021 / Korthikanti eq. 5
+    return inflight
+
+
+@dataclass
+class TrainMemory:
+    """Peak bytes per GPU on the worst pipeline stage, by component."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    logits: float
+    transient: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.logits + self.transient + self.overhead
+
+    def gib(self) -> dict[str, float]:
+        d = {k: v / GIB for k, v in asdict(self).items()}
+        d["total"] = self.total / GIB
+        return d
+
+
+def stage_params(model: ModelSpec, pp: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((dense, expert) params of the first stage, (dense, expert) of the last stage), before TP/EP."""
+    layers = math.ceil(model.num_layers / pp)
+    dense_layer = model.attention_params_per_layer() + model.norm_params_per_layer() + model.dense_mlp_params_per_layer()
+    body_dense, body_exp = layers * dense_layer, layers * model.expert_params_per_layer()
+    embed = model.embedding_params() + model.position_params()
+    head = (model.vocab_size * model.hidden_size if model.tie_word_embeddings else model.lm_head_params())
+    head += model.final_norm_params()
+    if pp == 1:
+        only = (body_dense + embed + head - (model.embedding_params() if model.tie_word_embeddings else 0), body_exp)
+        return only, only
+    return (body_dense + embed, body_exp), (body_dense + head, body_exp)
+
+
+def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, overhead_gib: float = 0.0) -> TrainMemory:
+    """Peak training memory per GPU for ``layout`` (max over the first and last pipeline stage)."""
+    m = setup.num_microbatches(layout)
+    dense_shard = layout.dp * layout.cp  # FSDP/ZeRO shards over dp x cp (torchtitan dp_shard * cp)
+    expert_shard = max(1, dense_shard // layout.ep)
+    per_layer = activation_bytes_per_layer(model, setup.seq_len, setup.micro_batch, layout.tp, layout.cp,
+                                           setup.flash_attention, setup.dropout)
+    layers = math.ceil(model.num_layers / layout.pp)
+    checkpoint = 2 * setup.seq_len / layout.cp * setup.micro_batch * model.hidden_size / layout.tp  # block input
+    inflight = _inflight_microbatches(setup, layout.pp, m)
+    best: TrainMemory | None = None
+    for idx, (dense, expert) in enumerate(stage_params(model, layout.pp)):
+        is_last = idx == 1
+        dense_gpu, expert_gpu = dense / layout.tp, expert / (layout.tp * layout.ep)
+        pd, gd, od = zero_state_bytes(dense_gpu, setup.zero, dense_shard)
+        pe, ge, oe = zero_state_bytes(expert_gpu, setup.zero, expert_shard)
+        stage_inflight = 1.0 if (is_last and layout.pp > 1) else inflight
+        if setup.activation_checkpointing:
+            acts = layers * stage_inflight * checkpoint + per_layer  # checkpoints + one block being recomputed
+        else:
+            acts = layers * stage_inflight * per_layer
+        logits = 0.0
+        if is_last:  # bf16 logits + fp32 copy for the loss/grad (anchors-6a §5), vocab-parallel over TP
+            logits = setup.seq_len / layout.cp * setup.micro_batch * model.vocab_size / layout.tp * (2 + 4)
+        transient = 0.0
+        layer_gpu = (model.layer_params() - model.expert_params_per_layer()
+                     + model.expert_params_per_layer() / layout.ep) / layout.tp
+        if setup.zero >= 3:  # two gathered bf16 blocks (current + prefetched) and one block's unsharded grads
+            transient = layer_gpu * (2 * PARAM_BYTES + setup.grad_reduce_bytes)
+        mem = TrainMemory(params=pd + pe, grads=gd + ge, optimizer=od + oe, activations=acts, logits=logits,
+                          transient=transient, overhead=overhead_gib * GIB)
+        if best is None or mem.total > best.total:
+            best = mem
+    assert best is not None
+    return best
+
+
+@dataclass
+class ServeMemory:
+    """Serving memory per GPU and what is left for the KV cache."""
+
+    weights_bytes: float
+    """Weights held by one GPU."""
+    kv_bytes_per_token: float
+    """KV-cache bytes one token occupies on one GPU (KV heads replicate when TP > kv_heads)."""
+    usable_bytes: float
+    """HBM the engine may use (gpu_memory_utilization x HBM)."""
+    overhead_bytes: float
+    kv_capacity_tokens: float
+    """Tokens of KV cache that fit after weights and overhead."""
+    context_len: int
+
+    @property
+    def max_concurrent_seqs(self) -> int:
+        return int(self.kv_capacity_tokens // self.context_len) if self.kv_capacity_tokens > 0 else 0
+
+    @property
+    def fits(self) -> bool:
+        """Weights fit and at least one full-context sequence fits beside them."""
+        return self.max_concurrent_seqs >= 1
+
+    def total_bytes(self, num_seqs: int) -> float:
+        return self.weights_bytes + self.overhead_bytes + num_seqs * self.context_len * self.kv_bytes_per_token
+
+
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> float:
+    """KV heads one TP rank holds: kv_heads / tp, or 1 (replicated) when TP exceeds the KV heads (vLLM)."""
+    return max(1.0, model.num_kv_heads / tp)
+
+
+def serve_memory(model: ModelSpec, tp: int, pp: int, context_len: int, hbm_gib: float, gpu_memory_utilization: float,
+                 overhead_gib: float, weight_bytes: float = 2.0, kv_bytes: float = 2.0, ep: int = 1) -> ServeMemory:
+    """Weights per GPU (TP x PP shards; experts over EP ranks inside the TP group) and KV capacity."""
+    expert = model.num_expert_params()
+    other = model.num_params() - expert
+    # EP in serving spreads whole experts over the TP group (vLLM --enable-expert-parallel): experts / max(tp, ep).
+    weights = (other / tp + expert / max(tp, ep)) / pp * weight_bytes
+    layers = math.ceil(model.num_layers / pp)
+    kv_tok = 2 * layers * kv_heads_per_gpu(model, tp) * model.head_dim * kv_bytes
+    usable = gpu_memory_utilization * hbm_gib * GIB
+    overhead = overhead_gib * GIB
+    capacity = max(0.0, usable - weights - overhead) / kv_tok
+    return ServeMemory(weights_bytes=weights, kv_bytes_per_token=kv_tok, usable_bytes=usable, overhead_bytes=overhead,
+                       kv_capacity_tokens=capacity, context_len=context_len)

@@ -1,0 +1,424 @@
+"""Async streaming client: sends a precomputed schedule of OpenAI-style requests and times every SSE chunk.
+
+One asyncio loop, one ``aiohttp.ClientSession`` whose connector is sized to the concurrency (0 = unlimited;
+aiohttp's default cap of 100 connections silently queues requests, anchors §4), request bodies serialized before
+the clock starts, GC heap frozen during the run.
+
+Per request (all times from ``time.perf_counter``, relative to the run start ``t0``):
+- ``scheduled_s``: planned arrival; ``dispatch_s``: when the client actually started it (dispatch lag =
+  dispatch - scheduled); ``send_s``: after the concurrency gate, just before the HTTP request (client queue time
+  = send - dispatch, reported apart and excluded from TTFT, vLLM #54101).
+- TTFT: send -> first chunk with non-empty content (SGLang's trigger; a role-only opening chunk is not a token).
+- Chunk times: one timestamp per network read, shared by the SSE events it carried.
+- Tokens per chunk: difference of cumulative ``usage.completion_tokens`` when the server streams usage per chunk
+  (vLLM/SGLang ``stream_options.continuous_usage_stats``); else the client tokenizer's count of the chunk text;
+  else 1. ITL samples: a chunk carrying k tokens after a gap g contributes k samples of g/k (SGLang-native
+  split), so ITL stays per token when a server bundles tokens (transformers: 64 tokens in 53 chunks).
+- Output tokens: the server's final ``usage.completion_tokens``; fallback the tokenizer count of the text, then
+  the number of content chunks, flagged in ``tokens_source``.
+- E2E: send -> last content chunk. TPOT = (E2E - TTFT) / (output tokens - 1).
+- Success: HTTP 200, at least one content chunk, and a ``finish_reason`` or ``[DONE]`` (transformers sends no
+  ``[DONE]``); anything else (HTTP error, malformed SSE, error event, disconnect, read stall, timeout, run
+  deadline, server exit) is a failure with its reason. Accounting: sent = completed + failed, always.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import math
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from phase6.serving.workload import BenchRequest, TokenizerLike
+
+API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def request_body(req: BenchRequest, *, engine: str, api: str, model: str, fix_output_len: bool,
+                 temperature: float, extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """OpenAI-compatible streaming body with the per-engine fields each server accepts.
+
+    transformers serve answers HTTP 422 to unknown fields (``ignore_eos``), ignores ``stream_options`` and puts
+    usage in its last chunk; it fixes lengths through ``generation_config`` (anchors §7). vLLM and SGLang take
+    ``ignore_eos`` and stream usage per chunk with ``continuous_usage_stats``.
+    """
+    body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": req.output_len, "temperature": temperature}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": req.prompt}]
+    else:
+        body["prompt"] = req.prompt
+    if engine in ("vllm", "sglang"):
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        if fix_output_len:
+            body["ignore_eos"] = True
+    elif engine == "transformers":
+        if fix_output_len:
+            body["generation_config"] = json.dumps({"min_new_tokens": req.output_len,
+                                                    "max_new_tokens": req.output_len})
+    else:  # any OpenAI-compatible server: standard fields only; engine knobs go through extra_body
+        body["stream_options"] = {"include_usage": True}
+    body.update(extra_body or {})
+    return body
+
+
+@dataclass
+class RequestResult:
+    """What the client observed for one request (times in seconds; see the module docstring)."""
+
+    index: int
+    scheduled_s: float
+    prompt_len: int = 0
+    """Client-side prompt tokens (tokenizer, no template)."""
+    requested_output_len: int = 0
+    ok: bool = False
+    error: str = ""
+    status: int | None = None
+    dispatch_s: float = math.nan
+    send_s: float = math.nan
+    end_s: float = math.nan
+    """When the request finished (success or failure), relative to t0."""
+    chunk_times_s: list[float] = field(default_factory=list)
+    """Arrival of each content chunk, relative to send."""
+    chunk_tokens: list[int] = field(default_factory=list)
+    output_tokens: int = 0
+    tokens_source: str = ""
+    """usage | tokenizer | chunks: where ``output_tokens`` came from."""
+    chunk_tokens_source: str = ""
+    """usage | tokenizer | chunks: where ``chunk_tokens`` came from."""
+    retokenized_tokens: int | None = None
+    """Client tokenizer's count of the generated text (for the usage-vs-tokenizer discrepancy)."""
+    prompt_tokens: int | None = None
+    """Server-reported prompt tokens (chat template included)."""
+    finish_reason: str | None = None
+    text: str = ""
+
+    @property
+    def sent(self) -> bool:
+        return not math.isnan(self.dispatch_s)
+
+    @property
+    def ttft_s(self) -> float:
+        return self.chunk_times_s[0] if self.chunk_times_s else math.nan
+
+    @property
+    def e2e_s(self) -> float:
+        return self.chunk_times_s[-1] if self.chunk_times_s else math.nan
+
+    @property
+    def queue_s(self) -> float:
+        return self.send_s - self.dispatch_s
+
+    @property
+    def dispatch_lag_s(self) -> float:
+        return self.dispatch_s - self.scheduled_s
+
+    @property
+    def tpot_s(self) -> float:
+        """(E2E - TTFT) / (out - 1); NaN for a single-token answer (excluded from TPOT stats, passes the SLO)."""
+        if self.output_tokens <= 1 or not self.chunk_times_s:
+            return math.nan
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    def itl_samples_s(self) -> list[float]:
+        """Per-token gaps: chunk i (i >= 1) with k_i tokens after gap g_i gives k_i samples of g_i / k_i."""
+        out: list[float] = []
+        carry = 0.0  # a chunk that carried no new token passes its gap to the next token-bearing chunk
+        for i in range(1, len(self.chunk_times_s)):
+            gap = self.chunk_times_s[i] - self.chunk_times_s[i - 1] + carry
+            k = self.chunk_tokens[i] if i < len(self.chunk_tokens) else 1
+            if k <= 0:
+                carry = gap
+                continue
+            carry = 0.0
+            out.extend([gap / k] * k)
+        return out
+
+    def chunk_gaps_s(self) -> list[float]:
+        """Raw gaps between content chunks (what vLLM/SGLang bench call ITL)."""
+        t = self.chunk_times_s
+        return [t[i] - t[i - 1] for i in range(1, len(t))]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "ok": self.ok, "error": self.error, "status": self.status,
+            "scheduled_s": self.scheduled_s, "dispatch_s": self.dispatch_s, "send_s": self.send_s,
+            "end_s": self.end_s, "ttft_s": self.ttft_s, "e2e_s": self.e2e_s, "tpot_s": self.tpot_s,
+            "queue_s": self.queue_s, "dispatch_lag_s": self.dispatch_lag_s, "prompt_len": self.prompt_len,
+            "prompt_tokens": self.prompt_tokens, "requested_output_len": self.requested_output_len,
+            "output_tokens": self.output_tokens, "tokens_source": self.tokens_source,
+            "retokenized_tokens": self.retokenized_tokens, "chunk_tokens_source": self.chunk_tokens_source,
+            "finish_reason": self.finish_reason, "chunk_times_s": self.chunk_times_s,
+            "chunk_tokens": self.chunk_tokens,
+        }
+
+
+@dataclass
+class RunOutcome:
+    """All results of one measured run plus its accounting."""
+
+    results: list[RequestResult]
+    duration_s: float
+    """First dispatch -> last request end (the throughput denominator)."""
+    first_dispatch_s: float
+    abort_reason: str | None = None
+
+    @property
+    def planned(self) -> int:
+        return len(self.results)
+
+    @property
+    def sent(self) -> int:
+        return sum(r.sent for r in self.results)
+
+    @property
+    def completed(self) -> int:
+        return sum(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> int:
+        """Sent but not completed."""
+        return sum(r.sent and not r.ok for r in self.results)
+
+    @property
+    def not_sent(self) -> int:
+        return self.planned - self.sent
+
+
+@dataclass
+class _Stream:
+    """Parser state of one SSE response (kept apart from the result until the stream ends)."""
+
+    texts: list[str] = field(default_factory=list)
+    cum_usage: list[int | None] = field(default_factory=list)
+    final_usage: int | None = None
+    done: bool = False
+
+
+def _parse_event(event: bytes, now_rel: float, r: RequestResult, s: _Stream) -> None:
+    """Apply one SSE event (the bytes between blank lines) to the request; raises ValueError on bad data."""
+    data_lines = []
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            data_lines.append(line[5:].strip())
+        elif line.startswith(b"event:") and line[6:].strip() == b"error":
+            raise ValueError(f"error event: {event[:200]!r}")
+        # ':' comment/keep-alive lines and other fields are ignored (SSE spec)
+    if not data_lines:
+        return
+    payload = b"\n".join(data_lines)
+    if payload == b"[DONE]":
+        s.done = True
+        return
+    try:
+        obj = json.loads(payload)
+    except ValueError as e:
+        raise ValueError(f"malformed SSE data: {payload[:120]!r}") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f"malformed SSE data (not an object): {payload[:120]!r}")
+    if obj.get("error") is not None and not obj.get("choices"):
+        raise ValueError(f"server error in stream: {str(obj['error'])[:200]}")
+    usage = obj.get("usage")
+    cum = None
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        cum = usage["completion_tokens"]
+        s.final_usage = cum
+        if isinstance(usage.get("prompt_tokens"), int):
+            r.prompt_tokens = usage["prompt_tokens"]
+    for ch in obj.get("choices") or ():
+        if "delta" in ch:
+            delta = ch.get("delta") or {}
+            text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+        else:
+            text = ch.get("text") or ""
+        if text:
+            r.chunk_times_s.append(now_rel)
+            s.texts.append(text)
+            s.cum_usage.append(cum)
+        if ch.get("finish_reason"):
+            r.finish_reason = ch["finish_reason"]
+
+
+def _finalize(r: RequestResult, s: _Stream, tok: TokenizerLike | None) -> None:
+    """Token accounting of a finished stream (off the hot path: runs once per request)."""
+    r.text = "".join(s.texts)
+    n = len(s.texts)
+    if n and all(c is not None for c in s.cum_usage):
+        prev = 0
+        ks = []
+        for c in s.cum_usage:
+            assert c is not None
+            ks.append(c - prev)
+            prev = c
+        r.chunk_tokens, r.chunk_tokens_source = ks, "usage"
+    elif tok is not None:
+        r.chunk_tokens = [max(1, len(tok.encode(t, add_special_tokens=False))) for t in s.texts]
+        r.chunk_tokens_source = "tokenizer"
+    else:
+        r.chunk_tokens, r.chunk_tokens_source = [1] * n, "chunks"
+    if tok is not None and r.text:
+        r.retokenized_tokens = len(tok.encode(r.text, add_special_tokens=False))
+    if s.final_usage is not None:
+        r.output_tokens, r.tokens_source = s.final_usage, "usage"
+    elif r.retokenized_tokens is not None:
+        r.output_tokens, r.tokens_source = r.retokenized_tokens, "tokenizer"
+    else:
+        r.output_tokens, r.tokens_source = sum(r.chunk_tokens), "chunks"
+
+
+def _raise_nofile_limit() -> None:
+    """Thousands of sockets need more than the common soft limit of 1024 descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: list[float],
+                       concurrency: int | None, *, connect_timeout_s: float = 10.0, read_timeout_s: float = 120.0,
+                       request_timeout_s: float = 1800.0, deadline_s: float | None = None,
+                       abort_check: Callable[[], str | None] | None = None, tokenizer: TokenizerLike | None = None,
+                       requests: list[BenchRequest] | None = None,
+                       on_start: Callable[[float], None] | None = None) -> RunOutcome:
+    """Send ``bodies[i]`` at ``schedule[i]`` seconds (gated by ``concurrency``) and collect every stream.
+
+    ``deadline_s`` (after the start) and ``abort_check`` (polled every 0.2 s, e.g. "server exited") end the run:
+    in-flight requests fail with the reason, unsent ones stay unsent. Never hangs longer than the deadline.
+    """
+    assert len(bodies) == len(schedule)
+    url = base_url.rstrip("/") + API_PATHS[api]
+    n = len(bodies)
+    results = [RequestResult(i, float(schedule[i])) for i in range(n)]
+    if requests is not None:
+        for r, q in zip(results, requests):
+            r.prompt_len, r.requested_output_len = q.prompt_len, q.output_len
+    order = sorted(range(n), key=lambda i: schedule[i])
+    if deadline_s is None:
+        deadline_s = max(schedule, default=0.0) + request_timeout_s + 30.0
+    _raise_nofile_limit()
+    limit = concurrency or 0
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s, connect=connect_timeout_s, sock_read=read_timeout_s)
+    sem = asyncio.Semaphore(concurrency) if concurrency else None
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task[None]] = []
+    abort: list[str] = []
+    perf = time.perf_counter
+
+    async def send(r: RequestResult, session: aiohttp.ClientSession, t0: float) -> None:
+        s = _Stream()
+        st = perf()
+        r.send_s = st - t0
+        try:
+            async with session.post(url, data=bodies[r.index]) as resp:
+                r.status = resp.status
+                if resp.status != 200:
+                    r.error = f"HTTP {resp.status}: {(await resp.text(errors='replace'))[:200]}"
+                    return
+                buf = b""
+                async for data in resp.content.iter_any():
+                    now = perf() - st
+                    buf += data
+                    if b"\r" in buf[-len(data) - 1:]:
+                        buf = buf.replace(b"\r\n", b"\n")
+                    while True:
+                        cut = buf.find(b"\n\n")
+                        if cut < 0:
+                            break
+                        event, buf = buf[:cut], buf[cut + 2:]
+                        _parse_event(event, now, r, s)
+                if buf.strip():
+                    _parse_event(buf.strip(b"\n"), perf() - st, r, s)
+            if not r.chunk_times_s:
+                r.error = "stream ended without any content token"
+            elif not (s.done or r.finish_reason):
+                r.error = "stream ended without finish_reason or [DONE] (truncated)"
+            else:
+                r.ok = True
+        except ValueError as e:
+            r.error = str(e)
+        except asyncio.TimeoutError:
+            silent = perf() - st - (r.chunk_times_s[-1] if r.chunk_times_s else 0.0)
+            r.error = (f"timeout: no data for {silent:.1f} s (read timeout {read_timeout_s:g} s, total "
+                       f"{request_timeout_s:g} s)")
+        except aiohttp.ClientError as e:
+            r.error = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+            _finalize(r, s, tokenizer)
+
+    async def one(r: RequestResult, session: aiohttp.ClientSession, t0: float) -> None:
+        r.dispatch_s = perf() - t0
+        try:
+            if sem is None:
+                await send(r, session, t0)
+            else:
+                async with sem:
+                    await send(r, session, t0)
+        except asyncio.CancelledError:
+            r.ok = False
+            r.error = r.error or f"cancelled: {abort[0] if abort else 'run cancelled'}"
+        finally:
+            r.end_s = perf() - t0
+
+    async def dispatch(session: aiohttp.ClientSession, t0: float) -> None:
+        for i in order:
+            delay = t0 + schedule[i] - perf()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if abort:
+                return
+            tasks.append(loop.create_task(one(results[i], session, t0)))
+
+    async def watchdog(t0: float, dispatcher: asyncio.Task[None]) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            reason = abort_check() if abort_check is not None else None
+            if reason is None and perf() - t0 > deadline_s:
+                reason = f"run deadline of {deadline_s:.0f} s reached"
+            if reason is not None:
+                abort.append(reason)
+                dispatcher.cancel()
+                for t in tasks:
+                    t.cancel()
+                return
+
+    gc.collect()
+    gc.freeze()  # no full collections over the long-lived heap during the run (vLLM freeze_gc_heap)
+    try:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                         headers={"Content-Type": "application/json"}) as session:
+            t0 = perf()
+            if on_start is not None:
+                on_start(t0)
+            dispatcher = loop.create_task(dispatch(session, t0))
+            dog = loop.create_task(watchdog(t0, dispatcher))
+            try:
+                await asyncio.gather(dispatcher, return_exceptions=True)
+                while True:  # tasks can be appended until the dispatcher returns; then wait for all of them
+                    pending = [t for t in tasks if not t.done()]
+                    if not pending:
+                        break
+                    await asyncio.wait(pending)
+            finally:
+                dog.cancel()
+                await asyncio.gather(dog, return_exceptions=True)
+    finally:
+        gc.unfreeze()
+    sent = [r for r in results if r.sent]
+    assert sum(r.ok for r in sent) + sum(not r.ok for r in sent) == len(sent)
+    first = min((r.dispatch_s for r in sent), default=0.0)
+    last = max((r.end_s for r in sent), default=first)
+    return RunOutcome(results, last - first, first, abort[0] if abort else None)
+
+
+def run_benchmark(base_url: str, api: str, bodies: list[dict[str, Any]], schedule: list[float],
+                  concurrency: int | None, **kwargs: Any) -> RunOutcome:
+    """Synchronous wrapper: serialize bodies before the clock starts, then run one event loop."""
+    encoded = [json.dumps(b).encode() for b in bodies]
+    return asyncio.run(run_requests(base_url, api, encoded, [float(s) for s in schedule], concurrency, **kwargs))

@@ -1,0 +1,200 @@
+"""A timing-controlled OpenAI-compatible streaming server for testing the benchmark client (no model).
+
+Each request picks a script by its prompt ``script:<i>`` (``scripts[i % len(scripts)]``; any other prompt uses
+script 0). A script fixes when every chunk leaves the server, how many tokens it carries, and an optional fault:
+
+    {"ttft_s": 0.05, "gaps_s": [0.02, 0.02], "tokens": [1, 3, 1], "usage": "final", "done": true,
+     "fault": null, "fault_at": 0}
+
+- chunk i is written at ``t_recv + ttft_s + sum(gaps_s[:i])`` (absolute targets, so delays never accumulate);
+  ``tokens[i]`` words go in chunk i; ``usage``: "final" (usage in the last chunk, transformers style),
+  "continuous" (cumulative usage in every chunk, vLLM continuous_usage_stats) or "none"; ``done``: send
+  ``data: [DONE]`` (vLLM/SGLang) or not (transformers).
+- faults: ``http500`` (error status before streaming), ``stall`` (stop sending before chunk ``fault_at``, keep
+  the connection open), ``disconnect`` (abort the TCP connection before chunk ``fault_at``), ``malformed`` (chunk
+  ``fault_at`` is broken JSON), ``no_finish`` (end the stream without finish_reason or [DONE]).
+
+The loop uses ``select()`` (microsecond timeouts) instead of epoll (millisecond timeouts) so a chunk leaves
+within tens of microseconds of its target. ``/metrics`` exposes vLLM-style gauges of the in-flight count.
+
+    python -m phase6.serving.scripted_server --port 8123 --scripts scripts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import selectors
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+FAULTS = (None, "http500", "stall", "disconnect", "malformed", "no_finish")
+USAGE_MODES = ("final", "continuous", "none")
+
+
+def validate_script(s: dict[str, Any], where: str) -> dict[str, Any]:
+    """Fill defaults and check one script; ValueError names the script and key."""
+    out = {"ttft_s": 0.0, "gaps_s": [], "tokens": None, "usage": "final", "done": True, "fault": None,
+           "fault_at": 0, **s}
+    if out["tokens"] is None:
+        out["tokens"] = [1] * (len(out["gaps_s"]) + 1)
+    if len(out["tokens"]) != len(out["gaps_s"]) + 1:
+        raise ValueError(f"{where}: tokens needs len(gaps_s) + 1 = {len(out['gaps_s']) + 1} entries")
+    if out["fault"] not in FAULTS:
+        raise ValueError(f"{where}: fault must be one of {FAULTS}, got {out['fault']!r}")
+    if out["usage"] not in USAGE_MODES:
+        raise ValueError(f"{where}: usage must be one of {USAGE_MODES}, got {out['usage']!r}")
+    if min(out["tokens"]) < 1 or out["ttft_s"] < 0 or min(out["gaps_s"], default=0) < 0:
+        raise ValueError(f"{where}: tokens must be >= 1 and times >= 0")
+    return out
+
+
+def load_scripts(path: str | Path) -> list[dict[str, Any]]:
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{path}: expected a non-empty JSON list of scripts")
+    return [validate_script(s, f"{path}: script {i}") for i, s in enumerate(data)]
+
+
+def _prompt_of(body: dict[str, Any]) -> str:
+    if "messages" in body:
+        msgs = body["messages"]
+        return str(msgs[-1].get("content", "")) if msgs else ""
+    return str(body.get("prompt", ""))
+
+
+def build_app(scripts: list[dict[str, Any]]) -> web.Application:
+    state = {"running": 0, "generated": 0, "requests": 0}
+
+    async def sleep_until(loop: asyncio.AbstractEventLoop, target: float) -> None:
+        delay = target - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        t_recv = loop.time()
+        body = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        prompt = _prompt_of(body)
+        idx = int(prompt.split(":", 1)[1]) if prompt.startswith("script:") else 0
+        sc = scripts[idx % len(scripts)]
+        state["requests"] += 1
+        if sc["fault"] == "http500":
+            return web.json_response({"error": {"message": "scripted failure", "code": 500}}, status=500)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        state["running"] += 1
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        rid = f"scripted-{state['requests']}"
+
+        def event(choice: dict[str, Any], usage: dict[str, int] | None = None) -> bytes:
+            d: dict[str, Any] = {"id": rid, "object": obj, "model": "scripted", "choices": [choice]}
+            if usage is not None:
+                d["usage"] = usage
+            return b"data: " + json.dumps(d).encode() + b"\n\n"
+
+        def piece(text: str, finish: str | None = None) -> dict[str, Any]:
+            c: dict[str, Any] = {"index": 0, "finish_reason": finish}
+            if chat:
+                c["delta"] = {"content": text}
+            else:
+                c["text"] = text
+            return c
+
+        try:
+            if chat:  # role-only opening chunk, as vLLM and transformers send it: not a token
+                await resp.write(event({"index": 0, "delta": {"role": "assistant"}}))
+            target = t_recv + sc["ttft_s"]
+            total = 0
+            for i, k in enumerate(sc["tokens"]):
+                if i > 0:
+                    target += sc["gaps_s"][i - 1]
+                if sc["fault"] in ("stall", "disconnect", "malformed") and i == sc["fault_at"]:
+                    await sleep_until(loop, target)
+                    if sc["fault"] == "stall":
+                        await asyncio.sleep(3600)
+                    if sc["fault"] == "disconnect":
+                        assert request.transport is not None
+                        request.transport.abort()
+                        return resp
+                    await resp.write(b'data: {"choices": [{"delta": {"content": "broken\n\n')
+                    continue
+                await sleep_until(loop, target)
+                total += k
+                usage = None
+                if sc["usage"] == "continuous":
+                    usage = {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total}
+                await resp.write(event(piece("tok " * k), usage))
+                state["generated"] += k
+            if sc["fault"] != "no_finish":
+                usage = None if sc["usage"] == "none" else {"prompt_tokens": 7, "completion_tokens": total,
+                                                             "total_tokens": 7 + total}
+                await resp.write(event(piece("", "length"), usage))
+                if sc["done"]:
+                    await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            state["running"] -= 1
+        return resp
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+
+    async def version(_: web.Request) -> web.Response:
+        return web.json_response({"version": "scripted-1"})
+
+    async def metrics(_: web.Request) -> web.Response:
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f'vllm:num_requests_running{{model_name="scripted"}} {state["running"]}',
+            "# TYPE vllm:num_requests_waiting gauge",
+            'vllm:num_requests_waiting{model_name="scripted"} 0',
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f'vllm:kv_cache_usage_perc{{model_name="scripted"}} {min(1.0, state["running"] / 256):.4f}',
+            "# TYPE vllm:generation_tokens_total counter",
+            f'vllm:generation_tokens_total{{model_name="scripted"}} {state["generated"]}',
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    app = web.Application()
+    app.add_routes([web.post("/v1/chat/completions", complete), web.post("/v1/completions", complete),
+                    web.get("/health", health), web.get("/v1/models", models), web.get("/version", version),
+                    web.get("/metrics", metrics)])
+    return app
+
+
+def serve(scripts: list[dict[str, Any]], host: str, port: int) -> None:
+    loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+    asyncio.set_event_loop(loop)
+    runner = web.AppRunner(build_app(scripts), access_log=None, handle_signals=True)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, host, port, backlog=4096)
+    loop.run_until_complete(site.start())
+    print(f"scripted server on http://{host}:{port} ({len(scripts)} scripts) at {time.time():.3f}", flush=True)
+    try:
+        loop.run_forever()
+    finally:
+        loop.run_until_complete(runner.cleanup())
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8123)
+    p.add_argument("--scripts", required=True, help="JSON list of scripts (see module docstring)")
+    args = p.parse_args(argv)
+    serve(load_scripts(args.scripts), args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

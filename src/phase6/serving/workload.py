@@ -1,0 +1,281 @@
+"""Request lists and arrival schedules for the serving benchmark, all precomputed from the seed.
+
+Loaders (each returns ``list[BenchRequest]``, prompt/output lengths counted with the served model's tokenizer):
+- ``load_sharegpt``: ShareGPT V3 JSON; first human turn = prompt, the answer's length = requested output length;
+  seeded shuffle, then kept iff prompt in [prompt_min, prompt_max] and output in [output_min, output_max] tokens
+  (vLLM caps prompts at 1024 / total 2048 and SGLang keeps >= 2 tokens; our window is explicit, anchors §0.3).
+  Prefix-stable: the first N requests are the same for every N, engine and row.
+- ``load_synthetic``: lengths drawn from ``LengthDist``; prompt text = random vocabulary tokens decoded.
+- ``load_mooncake``: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``); each
+  512-token block's text is derived from its hash id, so equal ids give equal prefixes (prefix-cache reuse).
+- ``load_azure``: Azure LLM inference CSV (``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``).
+
+Schedules (``build_schedule``, seconds after the run start): closed loop = all at 0 (a semaphore gates them);
+gamma inter-arrivals with shape k = burstiness and mean 1/rate, rescaled so the last arrival is exactly N/rate
+(vLLM ``serve.py``: keeps the offered rate exact for every seed); Poisson = gamma with k = 1; constant = i/rate;
+trace = the trace's own timestamps times ``time_scale``.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from phase6.config.serve import LengthDist
+
+MOONCAKE_BLOCK_TOKENS = 512  # Mooncake FAST25-release README: one hash id per 512-token prefix block
+
+
+class TokenizerLike(Protocol):
+    """The slice of a Hugging Face tokenizer the workload needs."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+@dataclass
+class BenchRequest:
+    """One request of the benchmark; the same list is sent to every engine and row."""
+
+    index: int
+    """Position in the measured list (warmup requests have negative indices)."""
+    prompt: str
+    """User message (chat API) or raw prompt (completions API)."""
+    prompt_len: int
+    """Prompt tokens by the client tokenizer, without chat template or special tokens."""
+    output_len: int
+    """Requested output tokens (max_tokens; exact when fix_output_len)."""
+    trace_time_s: float | None = None
+    """Arrival time from a trace (already scaled), None for datasets without timestamps."""
+
+
+def _encode(tok: TokenizerLike, text: str) -> list[int]:
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+def _batch_lengths(tok: Any, texts: list[str]) -> list[int]:
+    """Token counts of many texts at once (fast tokenizers batch in Rust); falls back to one by one."""
+    if callable(tok):
+        enc = tok(texts, add_special_tokens=False)
+        return [len(ids) for ids in enc["input_ids"]]
+    return [len(_encode(tok, t)) for t in texts]
+
+
+def load_sharegpt(path: str | Path, tok: TokenizerLike, num_requests: int, seed: int, prompt_min: int,
+                  prompt_max: int, output_min: int, output_max: int) -> list[BenchRequest]:
+    """``num_requests`` seeded ShareGPT requests inside the token window; ValueError if the file has too few."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ShareGPT file ({e.strerror})") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON array of conversations, got {type(data).__name__}")
+    pairs: list[tuple[str, str]] = []
+    for i, conv in enumerate(data):
+        turns = conv.get("conversations") if isinstance(conv, dict) else None
+        if not isinstance(turns, list):
+            raise ValueError(f"{path}: row {i}: missing 'conversations' list")
+        if len(turns) < 2:
+            continue  # vLLM/SGLang convention: a conversation needs a prompt and an answer
+        for j in (0, 1):
+            if not isinstance(turns[j], dict) or not isinstance(turns[j].get("value"), str):
+                raise ValueError(f"{path}: row {i}: conversations[{j}] needs a string 'value'")
+        pairs.append((turns[0]["value"], turns[1]["value"]))
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    out: list[BenchRequest] = []
+    batch = 256
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        prompts = [pairs[k][0] for k in idx]
+        answers = [pairs[k][1] for k in idx]
+        plens, olens = _batch_lengths(tok, prompts), _batch_lengths(tok, answers)
+        for p, pl, ol in zip(prompts, plens, olens):
+            if prompt_min <= pl <= prompt_max and output_min <= ol <= output_max:
+                out.append(BenchRequest(len(out), p, pl, ol))
+                if len(out) == num_requests:
+                    return out
+    raise ValueError(f"{path}: only {len(out)} of {len(pairs)} conversations have prompt in [{prompt_min}, "
+                     f"{prompt_max}] and output in [{output_min}, {output_max}] tokens; need {num_requests} "
+                     "(lower load.num_requests or widen the window)")
+
+
+def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` integer lengths from ``dist``, clipped to [min, max]."""
+    if dist.kind == "fixed":
+        x = np.full(n, dist.mean)
+    elif dist.kind == "uniform":
+        x = rng.integers(dist.min, dist.max + 1, size=n).astype(float)
+    elif dist.kind == "normal":
+        x = rng.normal(dist.mean, dist.std, size=n)
+    elif dist.kind == "lognormal":
+        # parameters of the underlying normal from the mean/std of the lengths themselves
+        sigma2 = math.log1p((dist.std / dist.mean) ** 2)
+        x = rng.lognormal(math.log(dist.mean) - sigma2 / 2, math.sqrt(sigma2), size=n)
+    else:
+        raise ValueError(f"unknown length distribution kind {dist.kind!r}")
+    return np.clip(np.rint(x), dist.min, dist.max).astype(int)
+
+
+def _content_ids(tok: Any) -> np.ndarray:
+    """Vocabulary ids that are not special tokens (random prompts must not contain EOS/BOS/pad)."""
+    vocab = len(tok) if hasattr(tok, "__len__") else int(tok.vocab_size)
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    return np.array([i for i in range(vocab) if i not in special], dtype=np.int64)
+
+
+def random_text(tok: TokenizerLike, ids_pool: np.ndarray, num_tokens: int, rng: np.random.Generator) -> str:
+    """Text of about ``num_tokens`` tokens: random ids decoded, re-encoded and cut until the count settles.
+
+    Decode/re-encode is not an identity for BPE (vLLM PR #17408: a 4000-token prompt became 4106); three
+    truncation passes bring it to the target or just below, and callers record the re-encoded count.
+    """
+    ids = rng.choice(ids_pool, size=num_tokens).tolist()
+    text = tok.decode(ids, skip_special_tokens=True)
+    for _ in range(3):
+        enc = _encode(tok, text)
+        if len(enc) <= num_tokens:
+            break
+        text = tok.decode(enc[:num_tokens], skip_special_tokens=True)
+    return text
+
+
+def load_synthetic(tok: TokenizerLike, num_requests: int, seed: int, prompt_dist: LengthDist,
+                   output_dist: LengthDist) -> list[BenchRequest]:
+    rng = np.random.default_rng(seed)
+    plens = sample_lengths(prompt_dist, num_requests, rng)
+    olens = sample_lengths(output_dist, num_requests, rng)
+    pool = _content_ids(tok)
+    out = []
+    for i, (pl, ol) in enumerate(zip(plens.tolist(), olens.tolist())):
+        text = random_text(tok, pool, pl, rng)
+        out.append(BenchRequest(i, text, len(_encode(tok, text)), ol))
+    return out
+
+
+def _mooncake_block(tok: TokenizerLike, pool: np.ndarray, hash_id: int, seed: int) -> list[int]:
+    """Token ids of one 512-token prefix block, a pure function of (hash id, seed)."""
+    digest = hashlib.sha256(f"{seed}:{hash_id}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    return rng.choice(pool, size=MOONCAKE_BLOCK_TOKENS).tolist()
+
+
+def load_mooncake(path: str | Path, tok: TokenizerLike, seed: int, time_scale: float = 1.0,
+                  max_rows: int | None = None, max_total_len: int | None = None) -> tuple[list[BenchRequest], int]:
+    """Mooncake trace rows -> requests with trace times; returns (requests, rows dropped for max_total_len)."""
+    path = Path(path)
+    pool = _content_ids(tok)
+    blocks: dict[int, list[int]] = {}
+    out: list[BenchRequest] = []
+    dropped = 0
+    t0: float | None = None
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read Mooncake trace ({e.strerror})") from e
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            ts, n_in, n_out, hashes = (float(row["timestamp"]), int(row["input_length"]), int(row["output_length"]),
+                                       [int(h) for h in row.get("hash_ids", [])])
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}:{lineno}: need timestamp, input_length, output_length, hash_ids ({e})") from e
+        if n_in < 1 or n_out < 1:
+            raise ValueError(f"{path}:{lineno}: input_length and output_length must be >= 1")
+        if t0 is None:
+            t0 = ts
+        if max_total_len is not None and n_in + n_out > max_total_len:
+            dropped += 1
+            continue
+        ids: list[int] = []
+        for h in hashes:
+            if h not in blocks:
+                blocks[h] = _mooncake_block(tok, pool, h, seed)
+            ids.extend(blocks[h])
+        if len(ids) < n_in:  # fewer hash ids than blocks: fill the tail with request-specific tokens
+            rng = np.random.default_rng([seed, lineno])
+            ids.extend(rng.choice(pool, size=n_in - len(ids)).tolist())
+        text = tok.decode(ids[:n_in], skip_special_tokens=True)
+        out.append(BenchRequest(len(out), text, len(_encode(tok, text)), n_out, (ts - t0) / 1000.0 * time_scale))
+        if max_rows is not None and len(out) == max_rows:
+            break
+    if not out:
+        raise ValueError(f"{path}: no usable rows (dropped {dropped} longer than {max_total_len} tokens)")
+    return out, dropped
+
+
+def load_azure(path: str | Path, tok: TokenizerLike, seed: int, time_scale: float = 1.0,
+               max_rows: int | None = None, max_total_len: int | None = None) -> tuple[list[BenchRequest], int]:
+    """Azure LLM inference CSV rows -> requests with trace times; returns (requests, rows dropped)."""
+    path = Path(path)
+    pool = _content_ids(tok)
+    rng = np.random.default_rng(seed)
+    out: list[BenchRequest] = []
+    dropped = 0
+    t0: datetime | None = None
+    try:
+        f = path.open(newline="")
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read Azure trace ({e.strerror})") from e
+    with f:
+        reader = csv.DictReader(f)
+        missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or [])
+        if missing:
+            raise ValueError(f"{path}: missing CSV columns {sorted(missing)}")
+        for rowno, row in enumerate(reader, 2):
+            try:
+                ts = datetime.fromisoformat(row["TIMESTAMP"].strip())
+                n_in, n_out = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{path}:{rowno}: bad TIMESTAMP/ContextTokens/GeneratedTokens ({e})") from e
+            if t0 is None:
+                t0 = ts
+            if n_in < 1 or n_out < 1 or (max_total_len is not None and n_in + n_out > max_total_len):
+                dropped += 1
+                continue
+            text = random_text(tok, pool, n_in, rng)
+            t = (ts - t0).total_seconds() * time_scale
+            out.append(BenchRequest(len(out), text, len(_encode(tok, text)), n_out, t))
+            if max_rows is not None and len(out) == max_rows:
+                break
+    if not out:
+        raise ValueError(f"{path}: no usable rows (dropped {dropped})")
+    return out, dropped
+
+
+def build_schedule(arrival: str, n: int, seed: int, request_rate: float | None = None, burstiness: float = 1.0,
+                   trace_times: list[float] | None = None) -> np.ndarray:
+    """Send times (seconds after the run start) of ``n`` requests; see the module docstring for each process."""
+    if arrival == "concurrency":
+        return np.zeros(n)
+    if arrival == "trace":
+        if trace_times is None or len(trace_times) != n:
+            raise ValueError("arrival=trace needs one trace time per request")
+        t = np.asarray(trace_times, dtype=float)
+        return t - t.min()
+    if request_rate is None or not request_rate > 0:
+        raise ValueError(f"arrival={arrival} needs request_rate > 0, got {request_rate}")
+    if arrival == "constant":
+        return np.arange(1, n + 1) / request_rate
+    shape = 1.0 if arrival == "poisson" else burstiness
+    if arrival not in ("poisson", "gamma"):
+        raise ValueError(f"unknown arrival {arrival!r}")
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(shape, 1.0 / (request_rate * shape), size=n)
+    t = np.cumsum(gaps)
+    return t * (n / request_rate) / t[-1]  # vLLM: last arrival exactly at N/rate

@@ -1,0 +1,98 @@
+"""Every YAML composes into its dataclass; bad keys, types and values exit 2 naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from phase6.cli import app
+from phase6.config import CONFIG_DIR, JOBS
+from phase6.launch import ConfigError, expand_sweep, load_config
+
+runner = CliRunner()
+
+
+def _defaults_groups(job: str) -> set[str]:
+    primary = yaml.safe_load((CONFIG_DIR / f"{job}.yaml").read_text()) or {}
+    groups = set()
+    for d in primary.get("defaults", []):
+        if isinstance(d, dict):
+            for k in d:
+                groups.add(k.replace("optional ", "").split("@")[0].strip())
+    return groups
+
+
+def _all_cases() -> list[tuple[str, list[str], Path]]:
+    """(job, overrides, yaml file) for the primary config and every option of every group the job uses."""
+    cases = []
+    for job in JOBS:
+        cases.append((job, [], CONFIG_DIR / f"{job}.yaml"))
+        groups = _defaults_groups(job)
+        for group in sorted(groups):
+            for root in (CONFIG_DIR / job, CONFIG_DIR):
+                gdir = root / group
+                if gdir.is_dir():
+                    for f in sorted(gdir.glob("*.yaml")):
+                        cases.append((job, [f"{group}={f.stem}"], f))
+    return cases
+
+
+CASES = _all_cases()
+
+
+@pytest.mark.parametrize("job,overrides,path", CASES, ids=[f"{c[0]}:{' '.join(c[1]) or 'default'}" for c in CASES])
+def test_every_yaml_composes_into_its_dataclass(job: str, overrides: list[str], path: Path) -> None:
+    cfg = load_config(job, overrides)
+    assert type(cfg).__name__.endswith("RunConfig")
+    assert cfg.run.name
+
+
+def test_no_orphan_yaml() -> None:
+    """Each YAML under configs/ is reached by at least one job's composition test above."""
+    covered = {c[2].resolve() for c in CASES}
+    orphans = [p for p in CONFIG_DIR.rglob("*.yaml") if p.resolve() not in covered]
+    assert not orphans, f"YAML files no job composes: {orphans}"
+
+
+@pytest.mark.parametrize("override,key", [
+    ("gpus=-1", "gpus"),                                   # impossible value (dataclass __post_init__)
+    ("hours=abc", "hours"),                                # wrong type
+    ("gpuz=3", "gpuz"),                                    # unknown key
+    ("hardware.peak_bf16_tflops=-5", "hardware.peak_bf16_tflops"),
+    ("logger.mode=sometimes", "logger.mode"),
+    ("hardware=h999", "hardware"),                         # unknown group option
+])
+def test_bad_input_exits_2_naming_the_key(override: str, key: str) -> None:
+    result = runner.invoke(app, ["config", "cost", override])
+    assert result.exit_code == 2, result.output
+    err = result.stderr if result.stderr else result.output
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert key in lines[0] and lines[0].startswith("phase6: error:"), lines[0]
+
+
+def test_sweep_members_are_all_validated_before_running() -> None:
+    assert expand_sweep(["gpus=1,2", "hours=1,3"]) == [
+        ["gpus=1", "hours=1"], ["gpus=1", "hours=3"], ["gpus=2", "hours=1"], ["gpus=2", "hours=3"]]
+    result = runner.invoke(app, ["cost", "-m", "gpus=1,-2"])
+    assert result.exit_code == 2
+    assert "gpus" in (result.stderr or result.output)
+
+
+def test_overrides_reach_the_dataclass() -> None:
+    cfg = load_config("cost", ["hardware=h200", "gpus=4", "hours=2.5"])
+    assert cfg.hardware.name == "h200" and cfg.gpus == 4 and cfg.hours == 2.5
+    assert cfg.hardware.peak_bf16_tflops == pytest.approx(989.4)
+    with pytest.raises(ConfigError, match="hours"):
+        load_config("cost", ["hours=0"])
+
+
+@pytest.mark.parametrize("name", ["h100_sxm", "h200", "a100_80gb", "cpu"])
+def test_hardware_profiles_have_source_and_date(name: str) -> None:
+    data = yaml.safe_load((CONFIG_DIR / "hardware" / f"{name}.yaml").read_text())
+    for key in ("peak_bf16_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps", "internode_gbps", "usd_per_gpu_hour"):
+        assert isinstance(data[key], (int, float)), key
+    assert data["source"] and len(str(data["date"])) == 10
