@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from phase6.data.shards import list_shards, load_manifest, read_shard, sha256_file
+from phase6.data.shards import list_shards, load_manifest, read_header, read_shard, sha256_file
 
 # (path, size, mtime_ns) of shards whose sha256 matched manifest.json in this process: hash each file once.
 _VERIFIED: set[tuple[str, int, int]] = set()
@@ -67,6 +67,8 @@ class ShardLoader:
         # sha256 is checked against manifest.json the first time each shard is opened (~0.1 s per 200 MB shard)
         self._expected = {s.file: s for s in manifest.shards} if manifest is not None and verify_sha256 else {}
         self.vocab_size = manifest.tokenizer.vocab_size if manifest is not None else None
+        for path in self.paths:  # headers only: a too-small or broken shard fails now, not hours into the run
+            self._check_size(path, read_header(path))
         self.reset()
 
     @property
@@ -79,6 +81,12 @@ class ShardLoader:
         self.epoch = 0
         self._open(0)
         self.position = 0
+
+    def _check_size(self, path: Path, num_tokens: int) -> None:
+        if num_tokens < self.tokens_per_step + 1:
+            raise ValueError(
+                f"{path}: {num_tokens} tokens, fewer than one step needs (B*T*world+1 = {self.tokens_per_step + 1})"
+            )
 
     def _open(self, index: int) -> None:
         path = self.paths[index]
@@ -98,10 +106,7 @@ class ShardLoader:
                         f"{path}: manifest mismatch: sha256 {digest[:16]}... != manifest.json {info.sha256[:16]}..."
                     )
                 _VERIFIED.add(key)
-        if len(tokens) < self.tokens_per_step + 1:
-            raise ValueError(
-                f"{path}: {len(tokens)} tokens, fewer than one step needs (B*T*world+1 = {self.tokens_per_step + 1})"
-            )
+        self._check_size(path, len(tokens))
         self.shard_index, self.tokens = index, tokens
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +118,7 @@ class ShardLoader:
         self.position += self.tokens_per_step
         if self.position + self.tokens_per_step + 1 > len(self.tokens):  # llm.c: the next step would not fit
             nxt = (self.shard_index + 1) % len(self.paths)
-            self.epoch += nxt == 0
+            self.epoch += int(nxt == 0)
             self._open(nxt)
             self.position = 0
         return x, y
