@@ -220,7 +220,7 @@ def load_azure(path: str | Path, limit: int | None = None) -> Workload:
             if len(row) < len(header):
                 raise ValueError(f"{path}:{line_no}: expected {len(header)} fields, got {len(row)}")
             vals = [row[c].strip() for c in col]
-            for name, v in zip(_AZURE_COLUMNS, vals):
+            for name, v in zip(_AZURE_COLUMNS, vals, strict=True):
                 if v == "":
                     raise ValueError(f"{path}:{line_no}: missing field {name!r}")
             try:

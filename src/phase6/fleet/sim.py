@@ -1,0 +1,632 @@
+"""Discrete-event simulation of a fleet of continuous-batching LLM serving replicas.
+
+Events (all on one event loop, SimPy's ``Environment`` or an equivalent heapq loop; both order equal times by
+insertion, so both give identical results):
+  arrival        a request reaches the router, which picks a replica (prefill pool under PD)
+  step end       a replica finished one engine step, or a run of decode-only steps (see below)
+  KV transfer    (PD) a prompt's KV arrived at the decode replica
+
+A replica step (vLLM V1 scheduling): every running decode sequence contributes one token; the rest of the
+``max_batched_tokens`` budget goes to prefill chunks of admitted requests in arrival order (chunked prefill). A
+waiting request is admitted (FCFS, head-of-line) when fewer than ``max_num_seqs`` sequences run and its KV blocks
+(prompt + output, 512 tokens each, minus cached prefix blocks) fit, evicting LRU prefix blocks if needed; KV is
+reserved for the whole output at admission, so there is no preemption. The step that completes a prompt produces
+the first token (TTFT); each later step produces one token (TPOT = (E2E - TTFT) / (output - 1)).
+
+Decode-only runs: when no prefill work is pending, the batch cannot change before its next sequence finishes, so
+the replica schedules one event at the end of those k steps (closed-form sum of step times). An arrival in the
+middle cuts the run at the first step boundary after it. This keeps the event count O(requests), not O(tokens).
+
+PD disaggregation: prefill replicas only prefill; at the end of a prompt the request reserves KV on the least-loaded
+decode replica (waiting there if full), its KV is sent over the prefill replica's link (FIFO, bytes / bandwidth),
+and it joins the decode replica's batch at its next step boundary. TTFT ends with the prefill (first token comes from
+the prefill replica); the transfer delays token 2 and so shows in TPOT.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from phase6.fleet.kvcache import PrefixCache
+from phase6.fleet.steptime import StepTimeModel
+from phase6.fleet.workload import BLOCK_TOKENS, Workload
+
+ROUTER_NAMES = ("round_robin", "least_loaded", "prefix_aware", "session_affinity")
+
+_outstanding = attrgetter("outstanding")
+
+
+# ---- event loops ---------------------------------------------------------------------------------------------------
+class HeapqLoop:
+    """A minimal event loop: (time, insertion counter) heap of callbacks. Same ordering rule as SimPy."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[Any], None], Any]] = []
+        self._eid = 0
+        self.events = 0
+
+    def call_in(self, delay: float, fn: Callable[[Any], None], arg: Any) -> None:
+        self._eid += 1
+        heapq.heappush(self._heap, (self.now + delay, self._eid, fn, arg))
+
+    def run(self) -> None:
+        heap, pop = self._heap, heapq.heappop
+        n = 0
+        while heap:
+            t, _, fn, arg = pop(heap)
+            self.now = t
+            fn(arg)
+            n += 1
+        self.events += n
+
+
+class SimpyLoop:
+    """The same interface on a SimPy ``Environment``: each callback is a ``Timeout`` event's callback."""
+
+    def __init__(self) -> None:
+        import simpy
+
+        self.env = simpy.Environment()
+        self._timeout = self.env.timeout
+        self.events = 0
+
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    def call_in(self, delay: float, fn: Callable[[Any], None], arg: Any) -> None:
+        self._timeout(delay).callbacks.append(lambda _ev: fn(arg))
+        self.events += 1
+
+    def run(self) -> None:
+        self.env.run()
+
+
+def make_loop(name: str) -> HeapqLoop | SimpyLoop:
+    if name == "simpy":
+        return SimpyLoop()
+    if name == "heapq":
+        return HeapqLoop()
+    raise ValueError(f"fleet.sim_engine: must be simpy or heapq, got {name!r}")
+
+
+# ---- requests and replicas -----------------------------------------------------------------------------------------
+class _Req:
+    __slots__ = ("i", "arrival", "n_in", "n_out", "hid", "session", "hit", "m", "done", "pending", "blocks", "private",
+                 "admit_s", "prefill_rep")
+
+    def __init__(self, i: int, arrival: float, n_in: int, n_out: int, hid: tuple[int, ...], session: int) -> None:
+        self.i, self.arrival, self.n_in, self.n_out, self.hid, self.session = i, arrival, n_in, n_out, hid, session
+        self.hit = 0  # prompt tokens served from the prefix cache
+        self.m = 0  # leading prompt blocks found in the prefix cache at admission
+        self.done = 0  # prompt tokens with KV (cached + computed)
+        self.pending = 0  # prompt tokens counted in the replica's queued_prefill_tokens
+        self.blocks = 0
+        self.private = 0
+        self.admit_s = -1.0
+        self.prefill_rep: Replica | None = None
+
+
+@dataclass
+class EngineLimits:
+    """What the simulator needs of a serving engine besides step times."""
+
+    max_num_seqs: int
+    max_batched_tokens: int
+    kv_blocks: int
+    """KV capacity per replica, 512-token blocks."""
+
+
+class Replica:
+    """One serving engine instance; role colocated, prefill (PD) or decode (PD)."""
+
+    def __init__(self, rid: int, role: str, sim: Simulation, limits: EngineLimits) -> None:
+        self.rid, self.role, self.sim = rid, role, sim
+        self.max_seqs, self.budget = limits.max_num_seqs, limits.max_batched_tokens
+        on_ins = on_ev = None
+        if sim.index is not None and role != "decode":
+            idx = sim.index
+
+            def on_ins(b: int) -> None:
+                s = idx.get(b)
+                if s is None:
+                    idx[b] = {rid}
+                else:
+                    s.add(rid)
+
+            def on_ev(b: int) -> None:
+                s = idx[b]
+                s.discard(rid)
+                if not s:
+                    del idx[b]
+
+        self.cache = PrefixCache(limits.kv_blocks, on_ins, on_ev)
+        self.waiting: deque[_Req] = deque()  # routed here, not admitted
+        self.prefilling: deque[_Req] = deque()  # admitted, prompt not finished
+        self.ready: list[_Req] = []  # decode role: KV arrived, joins at the next step
+        self.reserve_q: deque[_Req] = deque()  # decode role: waiting for KV room
+        self.reserved = 0  # decode role: sequences holding KV here (transferring or decoding)
+        self.dheap: list[tuple[int, int, _Req]] = []  # (finish step, request index, request)
+        self.n_dec = 0
+        self.ctx_sum = 0
+        self.steps = 0
+        self.outstanding = 0  # requests routed here and not done here (router load)
+        self.queued_prefill_tokens = 0  # prompt tokens still to compute here (prefix-aware router)
+        self.busy = False
+        self.gen = 0  # generation of the pending step-end event; stale events are ignored
+        self.step_start = 0.0
+        self.run_k = 0  # decode steps in the current event (1 for a mixed step)
+        self.run_truncated = True
+        self.chunks: list[tuple[_Req, int]] = []
+        self.busy_s = 0.0
+        self.link_free_s = 0.0  # prefill role: when its KV-transfer link is idle again
+
+    # -- entry points ------------------------------------------------------------------------------------------------
+    def enqueue(self, r: _Req, est_hit: int) -> None:
+        """A request routed here (colocated / prefill role)."""
+        self.outstanding += 1
+        r.pending = r.n_in - est_hit
+        self.queued_prefill_tokens += r.pending
+        self.waiting.append(r)
+        self.sim.n_waiting += 1
+        self._kick()
+
+    def join(self, r: _Req) -> None:
+        """Decode role: a request's KV arrived."""
+        self.ready.append(r)
+        self._kick()
+
+    def _kick(self) -> None:
+        now = self.sim.loop.now
+        if not self.busy:
+            self._start_step(now)
+        elif not self.run_truncated:
+            self._truncate(now)
+
+    # -- scheduling ----------------------------------------------------------------------------------------------------
+    def _admit(self, now: float) -> None:
+        sim, cache, waiting = self.sim, self.cache, self.waiting
+        while waiting and len(self.prefilling) + self.n_dec < self.max_seqs:
+            r = waiting[0]
+            hid = r.hid
+            m = cache.match(hid) if hid else 0
+            hit = min(m * BLOCK_TOKENS, r.n_in - 1)
+            need = r.blocks - m
+            if not cache.acquire(hid, m, need):
+                break  # head-of-line: FCFS admission
+            waiting.popleft()
+            sim.n_waiting -= 1
+            sim.wait_area_add(now)
+            r.hit, r.m, r.done, r.private, r.admit_s = hit, m, hit, need, now
+            self.queued_prefill_tokens += (r.n_in - hit) - r.pending
+            r.pending = r.n_in - hit
+            self.prefilling.append(r)
+
+    def _start_step(self, now: float) -> None:
+        if self.role == "decode":
+            if self.ready:
+                for r in self.ready:
+                    heapq.heappush(self.dheap, (self.steps + r.n_out - 1, r.i, r))
+                    self.n_dec += 1
+                    self.ctx_sum += r.n_in + 1
+                self.ready = []
+        elif self.waiting:
+            self._admit(now)
+        chunks = self.chunks = []
+        budget = self.budget - self.n_dec
+        p_tokens = 0
+        pairs = 0.0
+        for r in self.prefilling:
+            if budget <= 0:
+                break
+            c = r.n_in - r.done
+            if c > budget:
+                c = budget
+            pairs += c * r.done + c * (c + 1) / 2
+            p_tokens += c
+            budget -= c
+            chunks.append((r, c))
+        model = self.sim.model
+        if p_tokens:
+            dt = model.step_s(p_tokens, pairs, self.n_dec, self.ctx_sum)
+            self.run_k = 1
+            self.run_truncated = True
+        elif self.n_dec:
+            k = self.dheap[0][0] - self.steps
+            dt = model.decode_run_s(self.n_dec, self.ctx_sum, k)
+            self.run_k = k
+            self.run_truncated = k == 1
+        else:
+            self.busy = False
+            return
+        self.busy = True
+        self.step_start = now
+        self.gen += 1
+        self.sim.loop.call_in(dt, self._on_step_end, self.gen)
+
+    def _truncate(self, now: float) -> None:
+        """An arrival during a decode-only run: end the run at the first step boundary at or after ``now``."""
+        self.run_truncated = True
+        if self.role != "decode" and (len(self.waiting) > 1 or len(self.prefilling) + self.n_dec >= self.max_seqs):
+            return  # the newcomer cannot be admitted before the run ends anyway
+        model, d, s, k = self.sim.model, self.n_dec, self.ctx_sum, self.run_k
+        elapsed = now - self.step_start
+        lo, hi = 1, k  # smallest m with run(m) >= elapsed; run(k) >= elapsed holds
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if model.decode_run_s(d, s, mid) >= elapsed:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo == k:
+            return
+        self.run_k = lo
+        self.gen += 1
+        end = self.step_start + model.decode_run_s(d, s, lo)
+        self.sim.loop.call_in(max(end - now, 0.0), self._on_step_end, self.gen)
+
+    def _on_step_end(self, gen: int) -> None:
+        if gen != self.gen:
+            return  # superseded by a truncated run
+        sim = self.sim
+        now = sim.loop.now
+        self.busy_s += now - self.step_start
+        k = self.run_k
+        # decode progress: every running sequence made k tokens
+        if self.n_dec:
+            self.steps += k
+            self.ctx_sum += self.n_dec * k
+            dheap, steps = self.dheap, self.steps
+            while dheap and dheap[0][0] == steps:
+                r = heapq.heappop(dheap)[2]
+                self.n_dec -= 1
+                self.ctx_sum -= r.n_in + r.n_out
+                self._finish(r, now)
+        else:
+            self.steps += k
+        # prefill progress
+        if self.chunks:
+            pre = self.prefilling
+            for r, c in self.chunks:
+                r.done += c
+                self.queued_prefill_tokens -= c
+                r.pending -= c
+                if r.done == r.n_in:
+                    assert pre[0] is r
+                    pre.popleft()
+                    self._prompt_done(r, now)
+            self.chunks = []
+        self._start_step(now)
+
+    def _prompt_done(self, r: _Req, now: float) -> None:
+        self.sim.first[r.i] = now
+        if r.hid:
+            self.cache.commit(r.hid, r.m)
+        if r.n_out == 1:
+            self._finish(r, now)
+        elif self.role == "colocated":
+            heapq.heappush(self.dheap, (self.steps + r.n_out - 1, r.i, r))
+            self.n_dec += 1
+            self.ctx_sum += r.n_in + 1
+        else:  # prefill role: hand over to a decode replica
+            self.outstanding -= 1
+            r.prefill_rep = self
+            self.sim.to_decode(r)
+
+    def _finish(self, r: _Req, now: float) -> None:
+        if self.role == "decode":
+            self.cache.release((), r.private)
+            self.reserved -= 1
+            self.outstanding -= 1
+            self.sim.finish(r, now)
+            self.try_reserve()
+            return
+        # the new prompt blocks were committed to the prefix cache; what stays private is the output's room
+        self.cache.release(r.hid, r.private - (len(r.hid) - r.m))
+        if self.role == "colocated" or r.n_out == 1:
+            self.outstanding -= 1
+        self.sim.finish(r, now)
+
+    # -- PD --------------------------------------------------------------------------------------------------------
+    def try_reserve(self) -> None:
+        """Decode role: give KV room to requests waiting for it, in order, and start their transfers."""
+        q = self.reserve_q
+        while q and self.reserved < self.max_seqs:
+            r = q[0]
+            need = -(-(r.n_in + r.n_out) // BLOCK_TOKENS)
+            if not self.cache.acquire((), 0, need):
+                break
+            q.popleft()
+            r.private = need
+            self.reserved += 1
+            self.sim.start_transfer(r, self)
+
+    def transfer_done(self, r: _Req) -> None:
+        p = r.prefill_rep
+        assert p is not None
+        p.cache.release(r.hid, r.blocks - len(r.hid) if r.hid else r.blocks)
+        self.join(r)
+
+
+# ---- the fleet -----------------------------------------------------------------------------------------------------
+@dataclass
+class SimResult:
+    """Per-request times (seconds; NaN if never reached) and fleet counters of one simulation."""
+
+    arrival_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    admit_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    hit_tokens: np.ndarray
+    num_gpus: int
+    replicas: dict[str, int]
+    busy_s: dict[str, float]
+    """Sum of replica busy time per role."""
+    events: int
+    wall_s: float
+    little: dict[str, float] = field(default_factory=dict)
+    """Time-averaged counts integrated by the event loop (for Little's-law checks)."""
+    evictions: int = 0
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        return self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """(E2E - TTFT) / (output - 1); 0 for one-token outputs (no inter-token time to miss)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            t = (self.finish_s - self.first_token_s) / np.maximum(self.output_tokens - 1, 1)
+        return np.where(self.output_tokens > 1, t, 0.0)
+
+    @property
+    def makespan_s(self) -> float:
+        return float(np.nanmax(self.finish_s) - self.arrival_s[0]) if len(self.arrival_s) else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache / all prompt tokens."""
+        return float(self.hit_tokens.sum() / self.input_tokens.sum()) if len(self.input_tokens) else 0.0
+
+
+@dataclass
+class Topology:
+    """Replica counts: colocated N, or PD with P prefill and D decode replicas."""
+
+    colocated: int = 0
+    prefill: int = 0
+    decode: int = 0
+
+    def __post_init__(self) -> None:
+        if self.colocated:
+            assert self.prefill == 0 and self.decode == 0
+        elif not (self.prefill >= 1 and self.decode >= 1):
+            raise ValueError(f"a PD fleet needs >= 1 prefill and >= 1 decode replica, got {self.prefill}:{self.decode}")
+
+    @property
+    def is_pd(self) -> bool:
+        return self.colocated == 0
+
+    @property
+    def replicas(self) -> int:
+        return self.colocated + self.prefill + self.decode
+
+    @property
+    def name(self) -> str:
+        return "colocated" if not self.is_pd else f"pd:{self.prefill}:{self.decode}"
+
+
+class Simulation:
+    """One fleet, one router, one workload. Build, ``run()``, read the :class:`SimResult`."""
+
+    def __init__(self, workload: Workload, model: StepTimeModel, limits: EngineLimits, topology: Topology,
+                 router: str, *, tp: int = 1, kv_transfer_s: Callable[[int], float] | None = None,
+                 engine: str = "simpy", closed_concurrency: int | None = None) -> None:
+        if router not in ROUTER_NAMES:
+            raise ValueError(f"fleet.routers: unknown router {router!r}; known: {', '.join(ROUTER_NAMES)}")
+        if limits.max_batched_tokens < limits.max_num_seqs:
+            raise ValueError(f"engine.max_batched_tokens ({limits.max_batched_tokens}) must be >= engine.max_num_seqs "
+                             f"({limits.max_num_seqs}): every running sequence needs its decode token each step")
+        if topology.is_pd and kv_transfer_s is None:
+            raise ValueError("a PD topology needs a kv_transfer_s(tokens) function")
+        self.w, self.model, self.limits, self.topology, self.router = workload, model, limits, topology, router
+        self.tp = tp
+        self.kv_transfer_s = kv_transfer_s
+        self.loop = make_loop(engine)
+        self.closed = closed_concurrency
+        n = len(workload)
+        self._check_fits()
+        self.index: dict[int, set[int]] | None = {} if router == "prefix_aware" and workload.hash_ids else None
+        if topology.is_pd:
+            self.front = [Replica(i, "prefill", self, limits) for i in range(topology.prefill)]
+            self.back = [Replica(topology.prefill + i, "decode", self, limits) for i in range(topology.decode)]
+        else:
+            self.front = [Replica(i, "colocated", self, limits) for i in range(topology.colocated)]
+            self.back = []
+        self.arr = [math.nan] * n
+        self.first = [math.nan] * n
+        self.fin = [math.nan] * n
+        self.admit = [math.nan] * n
+        self.hits = [0] * n
+        self.rr = -1
+        self.sticky: dict[int, Replica] = {}
+        self.next_i = 0
+        self.n_sys = 0
+        self.n_waiting = 0
+        self.area_sys = 0.0
+        self.area_wait = 0.0
+        self.t_sys = 0.0
+        self.t_wait = 0.0
+        self.done = 0
+
+    def _check_fits(self) -> None:
+        w = self.w
+        need = -(-(w.input_tokens + w.output_tokens) // BLOCK_TOKENS)
+        worst = int(need.max()) if len(need) else 0
+        if worst > self.limits.kv_blocks:
+            i = int(need.argmax())
+            raise ValueError(f"{w.source}: request {i} needs {worst} KV blocks ({int(w.input_tokens[i])} + "
+                             f"{int(w.output_tokens[i])} tokens) but a replica holds {self.limits.kv_blocks}; "
+                             "drop long requests with workload.max_tokens or use a larger engine.tp")
+
+    # -- bookkeeping for Little's law ---------------------------------------------------------------------------------
+    def wait_area_add(self, now: float) -> None:
+        # called after n_waiting changed by -1 at admission: integrate the old value over the elapsed interval
+        self.area_wait += (self.n_waiting + 1) * (now - self.t_wait)
+        self.t_wait = now
+
+    # -- arrivals ------------------------------------------------------------------------------------------------------
+    def _arrive(self, i: int) -> None:
+        w = self.w
+        now = self.loop.now
+        hid = w.hash_ids[i] if w.hash_ids is not None else ()
+        r = _Req(i, now, int(w.input_tokens[i]), int(w.output_tokens[i]), hid, int(w.session[i]))
+        self.arr[i] = now
+        r.blocks = -(-(r.n_in + r.n_out) // BLOCK_TOKENS) if not self.topology.is_pd else -(-r.n_in // BLOCK_TOKENS)
+        self.area_sys += self.n_sys * (now - self.t_sys)
+        self.t_sys = now
+        self.n_sys += 1
+        self.area_wait += self.n_waiting * (now - self.t_wait)
+        self.t_wait = now
+        rep, est = self._route(r)
+        rep.enqueue(r, est)
+        if self.closed is None:
+            self.next_i = i + 1
+            if i + 1 < len(w):
+                self.loop.call_in(float(w.arrival_s[i + 1]) - now, self._arrive, i + 1)
+
+    def _route(self, r: _Req) -> tuple[Replica, int]:
+        pool = self.front
+        name = self.router
+        if name == "round_robin":
+            self.rr = (self.rr + 1) % len(pool)
+            return pool[self.rr], 0
+        if name == "least_loaded":
+            return min(pool, key=_outstanding), 0
+        if name == "session_affinity":
+            rep = self.sticky.get(r.session)
+            if rep is None:
+                rep = self.sticky[r.session] = min(pool, key=_outstanding)
+            return rep, 0
+        # prefix_aware (Mooncake-style): minimise prompt tokens left to compute before this request's first token
+        # on that replica = its queued prefill tokens + this prompt minus the prefix it already caches.
+        matched: dict[int, int] = {}
+        idx = self.index
+        if idx is not None and r.hid:
+            alive = idx.get(r.hid[0])
+            if alive:
+                alive = set(alive)
+                m = 0
+                for b in r.hid:
+                    s = idx.get(b)
+                    if s is None:
+                        break
+                    alive &= s
+                    if not alive:
+                        break
+                    m += 1
+                    for rid in alive:
+                        matched[rid] = m
+        best, best_cost, best_hit = pool[0], math.inf, 0
+        for rep in pool:
+            m = matched.get(rep.rid, 0)
+            hit = min(m * BLOCK_TOKENS, r.n_in - 1) if m else 0
+            cost = rep.queued_prefill_tokens - hit
+            if cost < best_cost or (cost == best_cost and rep.outstanding < best.outstanding):
+                best, best_cost, best_hit = rep, cost, hit
+        return best, best_hit
+
+    # -- PD hand-over --------------------------------------------------------------------------------------------------
+    def to_decode(self, r: _Req) -> None:
+        d = min(self.back, key=_outstanding)
+        d.outstanding += 1
+        d.reserve_q.append(r)
+        d.try_reserve()
+
+    def start_transfer(self, r: _Req, d: Replica) -> None:
+        p = r.prefill_rep
+        assert p is not None and self.kv_transfer_s is not None
+        now = self.loop.now
+        start = max(now, p.link_free_s)
+        p.link_free_s = start + self.kv_transfer_s(r.n_in)
+        self.loop.call_in(p.link_free_s - now, _TransferDone(d, r), None)
+
+    # -- completion ----------------------------------------------------------------------------------------------------
+    def finish(self, r: _Req, now: float) -> None:
+        i = r.i
+        self.fin[i] = now
+        self.admit[i] = r.admit_s
+        self.hits[i] = r.hit
+        self.area_sys += self.n_sys * (now - self.t_sys)
+        self.t_sys = now
+        self.n_sys -= 1
+        self.done += 1
+        if self.closed is not None and self.next_i < len(self.w):
+            j = self.next_i
+            self.next_i += 1
+            self.loop.call_in(0.0, self._arrive, j)
+
+    def run(self) -> SimResult:
+        import time
+
+        t0 = time.perf_counter()
+        w = self.w
+        if len(w):
+            if self.closed is None:
+                self.loop.call_in(float(w.arrival_s[0]), self._arrive, 0)
+            else:
+                k = min(self.closed, len(w))
+                self.next_i = k
+                for j in range(k):
+                    self.loop.call_in(0.0, self._arrive, j)
+        self.loop.run()
+        wall = time.perf_counter() - t0
+        assert self.done == len(w), f"simulation ended with {len(w) - self.done} requests unfinished"
+        arrival = np.asarray(self.arr)
+        first = np.asarray(self.first)
+        fin = np.asarray(self.fin)
+        events = self.loop.events
+        roles = {"colocated": self.front} if not self.topology.is_pd else {"prefill": self.front,
+                                                                           "decode": self.back}
+        horizon = float(np.nanmax(fin)) if len(fin) else 0.0
+        little = {"horizon_s": horizon, "area_in_system": self.area_sys, "area_waiting": self.area_wait}
+        return SimResult(
+            arrival_s=arrival, first_token_s=first, finish_s=fin, admit_s=np.asarray(self.admit),
+            input_tokens=w.input_tokens.copy(), output_tokens=w.output_tokens.copy(),
+            hit_tokens=np.asarray(self.hits, dtype=np.int64), num_gpus=self.topology.replicas * self.tp,
+            replicas={k: len(v) for k, v in roles.items()}, busy_s={k: sum(r.busy_s for r in v) for k, v in roles.items()},
+            events=events, wall_s=wall, little=little,
+            evictions=sum(r.cache.evictions for r in self.front + self.back))
+
+
+class _TransferDone:
+    """Callback object for a KV transfer's end (avoids a closure per request)."""
+
+    __slots__ = ("d", "r")
+
+    def __init__(self, d: Replica, r: _Req) -> None:
+        self.d, self.r = d, r
+
+    def __call__(self, _arg: Any) -> None:
+        self.d.transfer_done(self.r)
+
+
+def simulate(workload: Workload, model: StepTimeModel, limits: EngineLimits, topology: Topology, router: str,
+             **kw: Any) -> SimResult:
+    """Build and run one :class:`Simulation`."""
+    return Simulation(workload, model, limits, topology, router, **kw).run()
