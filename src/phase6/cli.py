@@ -41,6 +41,12 @@ def cost(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
     run("cost", ctx.args, multirun)
 
 
+@app.command(context_settings=OVERRIDES)
+def dpo(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
+    """6C LoRA-DPO (dpo.loss=sigmoid|ipo|orpo), margin/length diagnostics, lm-eval battery, verdict."""
+    run("dpo", ctx.args, multirun)
+
+
 @app.command("config", context_settings=OVERRIDES)
 def config_cmd(ctx: typer.Context, job: str = typer.Argument(..., help="job name, e.g. pretrain")) -> None:
     """Print the resolved and validated config of JOB with the given overrides."""

@@ -159,6 +159,7 @@ class JobSpec:
 # The registry: job name (= primary YAML name = CLI subcommand with '_' -> '-') -> spec.
 JOBS: dict[str, JobSpec] = {
     "cost": JobSpec("phase6.config:CostRunConfig", "phase6.cost:main", "GPU-hours and $ per 1M tokens vs API prices"),
+    "dpo": JobSpec("phase6.config.dpo:DPORunConfig", "projects/6c_dpo/dpo.py:main", "LoRA-DPO/IPO/ORPO + battery + verdict"),
 }
 
 

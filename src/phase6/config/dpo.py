@@ -16,18 +16,50 @@ from phase6.posttrain.dpo_data import FORMATS
 
 # TRL 1.16 DPOConfig.loss_type values, plus "orpo" (trl.experimental.orpo.ORPOTrainer: single stage, no reference).
 DPO_LOSSES = (
-    "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
-    "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
 )
 LOSSES = (*DPO_LOSSES, "orpo")
 DTYPES = ("bf16", "fp32", "auto")
 ATTN = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 # Fields of TRL's configs that this schema owns; setting them in dpo.trl would silently fight the typed field.
 OWNED_TRL_KEYS = (
-    "beta", "loss_type", "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
-    "per_device_eval_batch_size", "gradient_accumulation_steps", "max_length", "precompute_ref_log_probs",
-    "gradient_checkpointing", "bf16", "seed", "output_dir", "report_to", "eval_strategy", "eval_steps",
-    "logging_steps", "push_to_hub", "hub_token", "use_cpu",
+    "beta",
+    "loss_type",
+    "learning_rate",
+    "num_train_epochs",
+    "max_steps",
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "max_length",
+    "precompute_ref_log_probs",
+    "gradient_checkpointing",
+    "bf16",
+    "seed",
+    "output_dir",
+    "report_to",
+    "eval_strategy",
+    "eval_steps",
+    "logging_steps",
+    "push_to_hub",
+    "hub_token",
+    "use_cpu",
+    "warmup_steps",
+    "lr_scheduler_type",
 )
 
 
@@ -57,8 +89,11 @@ class DPOModelConfig:
     def __post_init__(self) -> None:
         require(bool(self.name_or_path), "model.name_or_path", "must be a hub id, a local directory or 'tiny'")
         require(self.dtype in DTYPES, "model.dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
-        require(self.attn_implementation in ATTN, "model.attn_implementation",
-                f"must be one of {list(ATTN)}, got {self.attn_implementation!r}")
+        require(
+            self.attn_implementation in ATTN,
+            "model.attn_implementation",
+            f"must be one of {list(ATTN)}, got {self.attn_implementation!r}",
+        )
         for k in ("tiny_hidden_size", "tiny_layers", "tiny_vocab_size"):
             require(getattr(self, k) > 0, f"model.{k}", f"must be > 0, got {getattr(self, k)}")
 
@@ -79,8 +114,9 @@ class DPOLoraConfig:
     """lora_alpha; the update is scaled by alpha / r."""
     dropout: float = 0.05
     """Dropout on the adapter input."""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                               "gate_proj", "up_proj", "down_proj"])
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     """Module names to adapt; ['all-linear'] = every Linear except the LM head."""
     use_rslora: bool = False
     """Rank-stabilised scaling alpha / sqrt(r)."""
@@ -90,8 +126,11 @@ class DPOLoraConfig:
         require(self.alpha > 0, "lora.alpha", f"must be > 0, got {self.alpha}")
         require(0.0 <= self.dropout < 1.0, "lora.dropout", f"must be in [0, 1), got {self.dropout}")
         require(bool(self.target_modules), "lora.target_modules", "must name at least one module")
-        require("lm_head" not in self.target_modules, "lora.target_modules",
-                "must not contain lm_head (TRL computes log-probs from lm_head.weight; an adapter there is ignored)")
+        require(
+            "lm_head" not in self.target_modules,
+            "lora.target_modules",
+            "must not contain lm_head (TRL computes log-probs from lm_head.weight; an adapter there is ignored)",
+        )
 
 
 @dataclass
@@ -170,8 +209,11 @@ class DPOTrainConfig:
         require(0.0 <= self.warmup_ratio < 1.0, "dpo.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         clash = sorted(set(self.trl) & set(OWNED_TRL_KEYS))
         require(not clash, "dpo.trl", f"keys {clash} are typed fields of this config; set dpo.<field> instead")
-        require(not (self.loss == "orpo" and self.precompute_ref_log_probs), "dpo.precompute_ref_log_probs",
-                "ORPO has no reference model; set it to false")
+        require(
+            not (self.loss == "orpo" and self.precompute_ref_log_probs),
+            "dpo.precompute_ref_log_probs",
+            "ORPO has no reference model; set it to false",
+        )
 
     def pairs_per_step(self, world_size: int) -> int:
         """Preference pairs per optimizer step across all ranks."""
@@ -188,8 +230,8 @@ class DiagnosticsConfig:
     """Pairs per probe forward."""
     length_prompts: int = 32
     """Held-out prompts generated from before and after training (first N of the eval split)."""
-    max_new_tokens: int = 512
-    """Greedy generation cap; generations that hit it are counted as truncated."""
+    max_new_tokens: int = 1024
+    """Greedy generation cap; generations that hit it are counted as truncated (the length check then cannot pass)."""
     length_batch_size: int = 8
     """Prompts per generate() call."""
 
@@ -214,15 +256,22 @@ class LocalTaskConfig:
     """Generation cap (generate)."""
 
     def __post_init__(self) -> None:
-        require(self.kind in LOCAL_TASK_KINDS, "eval.local_tasks.kind",
-                f"must be one of {list(LOCAL_TASK_KINDS)}, got {self.kind!r}")
-        require(bool(self.name) and self.name.replace("_", "").isalnum(), "eval.local_tasks.name",
-                f"must be letters, digits and '_', got {self.name!r}")
+        require(
+            self.kind in LOCAL_TASK_KINDS,
+            "eval.local_tasks.kind",
+            f"must be one of {list(LOCAL_TASK_KINDS)}, got {self.kind!r}",
+        )
+        require(
+            bool(self.name) and self.name.replace("_", "").isalnum(),
+            "eval.local_tasks.name",
+            f"must be letters, digits and '_', got {self.name!r}",
+        )
         require(bool(self.path), "eval.local_tasks.path", "must be a JSONL file")
 
     def to_task(self) -> LocalTask:
-        return LocalTask(name=self.name, path=self.path, kind=self.kind, until=list(self.until),
-                         max_gen_toks=self.max_gen_toks)
+        return LocalTask(
+            name=self.name, path=self.path, kind=self.kind, until=list(self.until), max_gen_toks=self.max_gen_toks
+        )
 
 
 @dataclass
@@ -275,8 +324,11 @@ class DPOEvalConfig:
         require(len(names) == len(set(names)), "eval.tasks", f"task names must be unique, got {names}")
         require(self.batch_size >= 1, "eval.batch_size", f"must be >= 1, got {self.batch_size}")
         require(self.limit is None or self.limit >= 1, "eval.limit", f"must be >= 1, got {self.limit}")
-        require(self.target == "judge" or self.target in names, "eval.target",
-                f"must be 'judge' or one of the battery tasks {names}, got {self.target!r}")
+        require(
+            self.target == "judge" or self.target in names,
+            "eval.target",
+            f"must be 'judge' or one of the battery tasks {names}, got {self.target!r}",
+        )
         require(self.max_mmlu_drop_pts >= 0, "eval.max_mmlu_drop_pts", f"must be >= 0, got {self.max_mmlu_drop_pts}")
         require(self.max_length_ratio > 0, "eval.max_length_ratio", f"must be > 0, got {self.max_length_ratio}")
 
@@ -297,8 +349,11 @@ class DPOOutputConfig:
     """Environment variable holding the hub token (never logged or written)."""
 
     def __post_init__(self) -> None:
-        require(not self.push_to_hub or bool(self.hub_model_id), "output.hub_model_id",
-                "must be set when output.push_to_hub=true")
+        require(
+            not self.push_to_hub or bool(self.hub_model_id),
+            "output.hub_model_id",
+            "must be set when output.push_to_hub=true",
+        )
 
 
 @dataclass
@@ -317,10 +372,19 @@ class DPORunConfig:
     output: DPOOutputConfig = field(default_factory=DPOOutputConfig)
 
     def __post_init__(self) -> None:
-        require(self.diagnostics.probe_size <= self.data.eval_size, "diagnostics.probe_size",
-                f"({self.diagnostics.probe_size}) must be <= data.eval_size ({self.data.eval_size})")
-        require(self.diagnostics.length_prompts <= self.data.eval_size, "diagnostics.length_prompts",
-                f"({self.diagnostics.length_prompts}) must be <= data.eval_size ({self.data.eval_size})")
-        require(self.eval.judge.base_url is None or self.eval.judge.num_prompts <= self.diagnostics.length_prompts,
-                "eval.judge.num_prompts", f"({self.eval.judge.num_prompts}) must be <= diagnostics.length_prompts "
-                f"({self.diagnostics.length_prompts}): the judge compares the length-stat generations")
+        require(
+            self.diagnostics.probe_size <= self.data.eval_size,
+            "diagnostics.probe_size",
+            f"({self.diagnostics.probe_size}) must be <= data.eval_size ({self.data.eval_size})",
+        )
+        require(
+            self.diagnostics.length_prompts <= self.data.eval_size,
+            "diagnostics.length_prompts",
+            f"({self.diagnostics.length_prompts}) must be <= data.eval_size ({self.data.eval_size})",
+        )
+        require(
+            self.eval.judge.base_url is None or self.eval.judge.num_prompts <= self.diagnostics.length_prompts,
+            "eval.judge.num_prompts",
+            f"({self.eval.judge.num_prompts}) must be <= diagnostics.length_prompts "
+            f"({self.diagnostics.length_prompts}): the judge compares the length-stat generations",
+        )

@@ -78,12 +78,20 @@ def mmlu_check(
 
 
 def length_check(ratio: float | None, max_ratio: float = 1.3, truncated_frac: float | None = None) -> Check:
+    """Mean generated tokens after/before. When some 'after' generations hit max_new_tokens the measured ratio is only
+    a lower bound: above the bar it is still a definite FAIL, below it the check is not measured (no false PASS)."""
+    name, bar = "length ratio (mean tokens)", f"≤ {max_ratio:g}x"
     if ratio is None:
-        return Check("length ratio", "—", f"≤ {max_ratio:g}x", None, "no length statistics")
-    note = ""
+        return Check(name, "—", bar, None, "no length statistics")
+    if ratio > max_ratio:
+        return Check(name, f"{ratio:.3f}x", bar, False)
     if truncated_frac:
-        note = f"{100 * truncated_frac:.0f}% of 'after' generations hit max_new_tokens: ratio is a lower bound"
-    return Check("length ratio (mean tokens)", f"{ratio:.3f}x", f"≤ {max_ratio:g}x", ratio <= max_ratio, note)
+        note = (
+            f"{100 * truncated_frac:.0f}% of 'after' generations hit max_new_tokens, so the ratio is a lower "
+            "bound; raise diagnostics.max_new_tokens"
+        )
+        return Check(name, f"≥ {ratio:.3f}x", bar, None, note)
+    return Check(name, f"{ratio:.3f}x", bar, True)
 
 
 def dpo_verdict(

@@ -26,8 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainerControl, TrainerState
-from transformers import TrainingArguments
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 from trl.data_utils import apply_chat_template, is_conversational
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 

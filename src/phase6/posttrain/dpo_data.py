@@ -25,9 +25,10 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from datasets import Dataset
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 FORMATS = ("preference", "ultrafeedback", "hh_rlhf", "llamafactory")
 
@@ -36,7 +37,13 @@ Text = str | list[Message]
 
 _HH_HUMAN = "\n\nHuman:"
 _HH_ASSISTANT = "\n\nAssistant:"
-_LF_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "observation": "tool", "function_call": "assistant"}
+_LF_ROLES = {
+    "system": "system",
+    "human": "user",
+    "gpt": "assistant",
+    "observation": "tool",
+    "function_call": "assistant",
+}
 
 
 class InvalidRow(Exception):
@@ -331,6 +338,8 @@ def load_preference_data(
     seed: int = 0,
 ) -> PreferenceSplits:
     """Read, convert, validate and split a preference set into train and a fixed held-out eval split."""
+    from datasets import Dataset
+
     rows = read_rows(path, split=split, data_dir=data_dir)
     if max_rows is not None:
         rows = rows[:max_rows]

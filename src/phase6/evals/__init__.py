@@ -1,0 +1,1 @@
+"""Evaluation library: lm-eval regression battery, pairwise judge, verdicts."""
