@@ -45,8 +45,11 @@ class EfficiencyConfig:
         for k in ("prefill_mfu", "decode_hbm_efficiency", "gpu_memory_utilization"):
             v = getattr(self, k)
             require(0 < v <= 1, f"plan.efficiency.{k}", f"must be in (0, 1], got {v}")
-        require(self.runtime_overhead_gib >= 0, "plan.efficiency.runtime_overhead_gib",
-                f"must be >= 0, got {self.runtime_overhead_gib}")
+        require(
+            self.runtime_overhead_gib >= 0,
+            "plan.efficiency.runtime_overhead_gib",
+            f"must be >= 0, got {self.runtime_overhead_gib}",
+        )
 
 
 @dataclass
@@ -116,17 +119,35 @@ class PlanConfig:
         for k in ("seq_len", "global_batch_tokens", "micro_batch", "virtual_stages", "context_len", "prompt_len"):
             require(getattr(self, k) >= 1, f"plan.{k}", f"must be >= 1, got {getattr(self, k)}")
         require(self.zero in (None, 0, 1, 2, 3), "plan.zero", f"must be 0, 1, 2, 3 or null, got {self.zero}")
-        require(self.activation_checkpointing in AC_MODES, "plan.activation_checkpointing",
-                f"must be one of {', '.join(AC_MODES)}, got {self.activation_checkpointing!r}")
-        require(self.pp_schedule in PP_SCHEDULES, "plan.pp_schedule",
-                f"must be one of {', '.join(PP_SCHEDULES)}, got {self.pp_schedule!r}")
-        require(self.grad_reduce_bytes in (2, 4), "plan.grad_reduce_bytes", f"must be 2 or 4, got {self.grad_reduce_bytes}")
+        require(
+            self.activation_checkpointing in AC_MODES,
+            "plan.activation_checkpointing",
+            f"must be one of {', '.join(AC_MODES)}, got {self.activation_checkpointing!r}",
+        )
+        require(
+            self.pp_schedule in PP_SCHEDULES,
+            "plan.pp_schedule",
+            f"must be one of {', '.join(PP_SCHEDULES)}, got {self.pp_schedule!r}",
+        )
+        require(
+            self.grad_reduce_bytes in (2, 4), "plan.grad_reduce_bytes", f"must be 2 or 4, got {self.grad_reduce_bytes}"
+        )
         require(self.train_tokens >= 0, "plan.train_tokens", f"must be >= 0, got {self.train_tokens}")
-        require(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes), "plan.batch_sizes",
-                f"must be a non-empty list of sizes >= 1, got {self.batch_sizes}")
-        require(bool(self.tp_sizes) and all(t >= 1 for t in self.tp_sizes), "plan.tp_sizes",
-                f"must be a non-empty list of sizes >= 1, got {self.tp_sizes}")
-        require(self.weight_bytes in (0.5, 1.0, 2.0, 4.0), "plan.weight_bytes", f"must be 0.5, 1, 2 or 4, got {self.weight_bytes}")
+        require(
+            bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
+            "plan.batch_sizes",
+            f"must be a non-empty list of sizes >= 1, got {self.batch_sizes}",
+        )
+        require(
+            bool(self.tp_sizes) and all(t >= 1 for t in self.tp_sizes),
+            "plan.tp_sizes",
+            f"must be a non-empty list of sizes >= 1, got {self.tp_sizes}",
+        )
+        require(
+            self.weight_bytes in (0.5, 1.0, 2.0, 4.0),
+            "plan.weight_bytes",
+            f"must be 0.5, 1, 2 or 4, got {self.weight_bytes}",
+        )
         require(self.kv_bytes in (1.0, 2.0, 4.0), "plan.kv_bytes", f"must be 1, 2 or 4, got {self.kv_bytes}")
 
 
@@ -148,14 +169,20 @@ class PlanRunConfig:
     def __post_init__(self) -> None:
         require(self.gpus >= 1, "gpus", f"must be >= 1, got {self.gpus}")
         require(self.workload in WORKLOADS, "workload", f"must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
-        require(bool(self.model) or bool(self.plan.hf_config), "model",
-                "no model: pick a preset with model=<name> or pass plan.hf_config=PATH")
+        require(
+            bool(self.model) or bool(self.plan.hf_config),
+            "model",
+            "no model: pick a preset with model=<name> or pass plan.hf_config=PATH",
+        )
         fixed = [(k, getattr(self.plan, k)) for k in ("dp", "tp", "pp", "cp") if getattr(self.plan, k)]
         prod = 1
         for _, v in fixed:
             prod *= v
-        require(self.gpus % prod == 0, "gpus",
-                f"{self.gpus} GPUs cannot be factorized as asked ({' * '.join(f'{k}={v}' for k, v in fixed)} = {prod} "
-                f"does not divide {self.gpus})")
+        require(
+            self.gpus % prod == 0,
+            "gpus",
+            f"{self.gpus} GPUs cannot be factorized as asked ({' * '.join(f'{k}={v}' for k, v in fixed)} = {prod} "
+            f"does not divide {self.gpus})",
+        )
         if all(getattr(self.plan, k) for k in ("dp", "tp", "pp", "cp")):
             require(prod == self.gpus, "gpus", f"plan.dp*tp*pp*cp = {prod} != gpus = {self.gpus}")

@@ -19,26 +19,31 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Fabric:
-    """One interconnect: NVLink/NVSwitch inside a node or InfiniBand/RoCE across nodes."""
+    """One interconnect: NVLink/NVSwitch inside a node or InfiniBand/RoCE across nodes.
+
+    Time of a collective = latency_us (base: launch, sync, protocol; the small-message floor) + steps x
+    hop_latency_us + bytes on the wire / bandwidth: NCCL's own tuning model (src/graph/tuning.cc: baseLat +
+    nsteps * hwLat + nBytes / algBw).
+    """
 
     name: str
     bandwidth_gbps: float
     """Bus bandwidth per GPU per direction, GB/s."""
     latency_us: float
-    """Per-step latency (small-message floor of one collective), microseconds."""
+    """Base latency of one collective (small-message floor), microseconds."""
+    hop_latency_us: float = 0.0
+    """Extra latency per algorithm step (ring: 2(N-1) steps, tree: 2·log2 N), microseconds."""
 
     def __post_init__(self) -> None:
-        if self.bandwidth_gbps <= 0 or self.latency_us < 0:
-            raise ValueError(f"fabric {self.name}: bandwidth must be > 0 and latency >= 0, "
-                             f"got {self.bandwidth_gbps} GB/s, {self.latency_us} us")
+        if self.bandwidth_gbps <= 0 or self.latency_us < 0 or self.hop_latency_us < 0:
+            raise ValueError(
+                f"fabric {self.name}: bandwidth must be > 0 and latencies >= 0, got "
+                f"{self.bandwidth_gbps} GB/s, {self.latency_us} us, {self.hop_latency_us} us/hop"
+            )
 
-    @property
-    def alpha_s(self) -> float:
-        return self.latency_us * 1e-6
-
-    @property
-    def beta_s_per_byte(self) -> float:
-        return 1.0 / (self.bandwidth_gbps * 1e9)
+    def time(self, steps: int, wire_bytes: float) -> float:
+        """Seconds for a collective of ``steps`` algorithm steps moving ``wire_bytes`` per rank."""
+        return (self.latency_us + steps * self.hop_latency_us) * 1e-6 + wire_bytes / (self.bandwidth_gbps * 1e9)
 
 
 # ---- per-rank volumes (bytes on the wire per GPU) ------------------------------------------------------------------
@@ -60,60 +65,47 @@ def all_to_all_bytes(size: float, n: int) -> float:
     return (n - 1) / n * size if n > 1 else 0.0
 
 
+def tree_all_reduce_bytes(size: float, n: int) -> float:
+    """~2·S per rank: reduce up and broadcast down a (double binary) tree, pipelined (NCCL algBw = busBw / 2)."""
+    return 2.0 * size if n > 1 else 0.0
+
+
 # ---- times (seconds) ----------------------------------------------------------------------------------------------
-# The calibrated latency is the measured small-message time of one whole collective (what torch.distributed
-# sees: launch + sync + the algorithm's steps at ~0 bytes). With a calibrated fabric we use it as-is ("floor");
-# from the datasheet we charge it per algorithm step (the textbook alpha-beta model).
+def ring_all_reduce_time(size: float, n: int, f: Fabric) -> float:
+    return f.time(2 * (n - 1), ring_all_reduce_bytes(size, n)) if n > 1 else 0.0
 
 
-def ring_all_reduce_time(size: float, n: int, f: Fabric, per_step_latency: bool = True) -> float:
-    if n <= 1:
-        return 0.0
-    steps = 2 * (n - 1) if per_step_latency else 1
-    return steps * f.alpha_s + ring_all_reduce_bytes(size, n) * f.beta_s_per_byte
+def tree_all_reduce_time(size: float, n: int, f: Fabric) -> float:
+    return f.time(2 * math.ceil(math.log2(n)), tree_all_reduce_bytes(size, n)) if n > 1 else 0.0
 
 
-def tree_all_reduce_time(size: float, n: int, f: Fabric, per_step_latency: bool = True) -> float:
-    if n <= 1:
-        return 0.0
-    steps = 2 * math.ceil(math.log2(n)) if per_step_latency else 1
-    return steps * f.alpha_s + 2.0 * size * f.beta_s_per_byte
-
-
-def all_reduce_time(size: float, n: int, f: Fabric, per_step_latency: bool = True) -> tuple[float, str]:
+def all_reduce_time(size: float, n: int, f: Fabric) -> tuple[float, str]:
     """(seconds, algorithm): the faster of ring and tree, as NCCL's tuner would choose."""
-    ring = ring_all_reduce_time(size, n, f, per_step_latency)
-    tree = tree_all_reduce_time(size, n, f, per_step_latency)
+    ring, tree = ring_all_reduce_time(size, n, f), tree_all_reduce_time(size, n, f)
     return (tree, "tree") if tree < ring else (ring, "ring")
 
 
 def tree_ring_crossover_bytes(n: int, f: Fabric) -> float:
-    """Message size below which the tree all-reduce beats the ring (per-step alpha-beta model).
+    """Message size below which the tree all-reduce beats the ring.
 
-    ring - tree = 2·alpha·((N-1) - ceil(log2 N)) - 2·S/(N·B) < 0  <=>  S > N·B·alpha·((N-1) - ceil(log2 N)).
+    ring - tree = 2·hop·((N-1) - ceil(log2 N)) - 2·S/(N·B) > 0  <=>  S < N·B·hop·((N-1) - ceil(log2 N)).
     """
     if n <= 2:
         return 0.0
-    return n * f.bandwidth_gbps * 1e9 * f.alpha_s * ((n - 1) - math.ceil(math.log2(n)))
+    return n * f.bandwidth_gbps * 1e9 * f.hop_latency_us * 1e-6 * ((n - 1) - math.ceil(math.log2(n)))
 
 
-def all_gather_time(size: float, n: int, f: Fabric, per_step_latency: bool = True) -> float:
-    if n <= 1:
-        return 0.0
-    steps = (n - 1) if per_step_latency else 1
-    return steps * f.alpha_s + all_gather_bytes(size, n) * f.beta_s_per_byte
+def all_gather_time(size: float, n: int, f: Fabric) -> float:
+    return f.time(n - 1, all_gather_bytes(size, n)) if n > 1 else 0.0
 
 
 reduce_scatter_time = all_gather_time
 
 
-def all_to_all_time(size: float, n: int, f: Fabric, per_step_latency: bool = True) -> float:
-    if n <= 1:
-        return 0.0
-    steps = (n - 1) if per_step_latency else 1
-    return steps * f.alpha_s + all_to_all_bytes(size, n) * f.beta_s_per_byte
+def all_to_all_time(size: float, n: int, f: Fabric) -> float:
+    return f.time(n - 1, all_to_all_bytes(size, n)) if n > 1 else 0.0
 
 
 def p2p_time(size: float, f: Fabric) -> float:
     """One send/recv of ``size`` bytes."""
-    return f.alpha_s + size * f.beta_s_per_byte
+    return f.time(1, size)

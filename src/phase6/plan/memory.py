@@ -75,8 +75,15 @@ def zero_state_bytes(num_params: float, zero: int, shard: int) -> tuple[float, f
     return p, g, o
 
 
-def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, cp: int = 1,
-                               flash_attention: bool = True, dropout: bool = False) -> float:
+def activation_bytes_per_layer(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    cp: int = 1,
+    flash_attention: bool = True,
+    dropout: bool = False,
+) -> float:
     """Bytes one transformer block stores for backward (bf16), Korthikanti et al. 2022 generalised.
 
     For GPT-2-style blocks (MHA, 4h non-gated MLP) with dropout and no flash attention this is exactly
@@ -136,7 +143,9 @@ class TrainMemory:
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.logits + self.transient + self.overhead
+        return (
+            self.params + self.grads + self.optimizer + self.activations + self.logits + self.transient + self.overhead
+        )
 
     def gib(self) -> dict[str, float]:
         d = {k: v / GIB for k, v in asdict(self).items()}
@@ -147,10 +156,12 @@ class TrainMemory:
 def stage_params(model: ModelSpec, pp: int) -> tuple[tuple[float, float], tuple[float, float]]:
     """((dense, expert) params of the first stage, (dense, expert) of the last stage), before TP/EP."""
     layers = math.ceil(model.num_layers / pp)
-    dense_layer = model.attention_params_per_layer() + model.norm_params_per_layer() + model.dense_mlp_params_per_layer()
+    dense_layer = (
+        model.attention_params_per_layer() + model.norm_params_per_layer() + model.dense_mlp_params_per_layer()
+    )
     body_dense, body_exp = layers * dense_layer, layers * model.expert_params_per_layer()
     embed = model.embedding_params() + model.position_params()
-    head = (model.vocab_size * model.hidden_size if model.tie_word_embeddings else model.lm_head_params())
+    head = model.vocab_size * model.hidden_size if model.tie_word_embeddings else model.lm_head_params()
     head += model.final_norm_params()
     if pp == 1:
         only = (body_dense + embed + head - (model.embedding_params() if model.tie_word_embeddings else 0), body_exp)
@@ -163,8 +174,9 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
     m = setup.num_microbatches(layout)
     dense_shard = layout.dp * layout.cp  # FSDP/ZeRO shards over dp x cp (torchtitan dp_shard * cp)
     expert_shard = max(1, dense_shard // layout.ep)
-    per_layer = activation_bytes_per_layer(model, setup.seq_len, setup.micro_batch, layout.tp, layout.cp,
-                                           setup.flash_attention, setup.dropout)
+    per_layer = activation_bytes_per_layer(
+        model, setup.seq_len, setup.micro_batch, layout.tp, layout.cp, setup.flash_attention, setup.dropout
+    )
     layers = math.ceil(model.num_layers / layout.pp)
     checkpoint = 2 * setup.seq_len / layout.cp * setup.micro_batch * model.hidden_size / layout.tp  # block input
     inflight = _inflight_microbatches(setup, layout.pp, m)
@@ -183,12 +195,20 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
         if is_last:  # bf16 logits + fp32 copy for the loss/grad (anchors-6a §5), vocab-parallel over TP
             logits = setup.seq_len / layout.cp * setup.micro_batch * model.vocab_size / layout.tp * (2 + 4)
         transient = 0.0
-        layer_gpu = (model.layer_params() - model.expert_params_per_layer()
-                     + model.expert_params_per_layer() / layout.ep) / layout.tp
+        layer_gpu = (
+            model.layer_params() - model.expert_params_per_layer() + model.expert_params_per_layer() / layout.ep
+        ) / layout.tp
         if setup.zero >= 3:  # two gathered bf16 blocks (current + prefetched) and one block's unsharded grads
             transient = layer_gpu * (2 * PARAM_BYTES + setup.grad_reduce_bytes)
-        mem = TrainMemory(params=pd + pe, grads=gd + ge, optimizer=od + oe, activations=acts, logits=logits,
-                          transient=transient, overhead=overhead_gib * GIB)
+        mem = TrainMemory(
+            params=pd + pe,
+            grads=gd + ge,
+            optimizer=od + oe,
+            activations=acts,
+            logits=logits,
+            transient=transient,
+            overhead=overhead_gib * GIB,
+        )
         if best is None or mem.total > best.total:
             best = mem
     assert best is not None
@@ -228,8 +248,18 @@ def kv_heads_per_gpu(model: ModelSpec, tp: int) -> float:
     return max(1.0, model.num_kv_heads / tp)
 
 
-def serve_memory(model: ModelSpec, tp: int, pp: int, context_len: int, hbm_gib: float, gpu_memory_utilization: float,
-                 overhead_gib: float, weight_bytes: float = 2.0, kv_bytes: float = 2.0, ep: int = 1) -> ServeMemory:
+def serve_memory(
+    model: ModelSpec,
+    tp: int,
+    pp: int,
+    context_len: int,
+    hbm_gib: float,
+    gpu_memory_utilization: float,
+    overhead_gib: float,
+    weight_bytes: float = 2.0,
+    kv_bytes: float = 2.0,
+    ep: int = 1,
+) -> ServeMemory:
     """Weights per GPU (TP x PP shards; experts over EP ranks inside the TP group) and KV capacity."""
     expert = model.num_expert_params()
     other = model.num_params() - expert
@@ -240,5 +270,11 @@ def serve_memory(model: ModelSpec, tp: int, pp: int, context_len: int, hbm_gib: 
     usable = gpu_memory_utilization * hbm_gib * GIB
     overhead = overhead_gib * GIB
     capacity = max(0.0, usable - weights - overhead) / kv_tok
-    return ServeMemory(weights_bytes=weights, kv_bytes_per_token=kv_tok, usable_bytes=usable, overhead_bytes=overhead,
-                       kv_capacity_tokens=capacity, context_len=context_len)
+    return ServeMemory(
+        weights_bytes=weights,
+        kv_bytes_per_token=kv_tok,
+        usable_bytes=usable,
+        overhead_bytes=overhead,
+        kv_capacity_tokens=capacity,
+        context_len=context_len,
+    )

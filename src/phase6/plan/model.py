@@ -143,13 +143,22 @@ class ModelSpec:
         return self.hidden_size * (2 if self.layernorm_bias else 1)
 
     def layer_params(self) -> int:
-        return (self.attention_params_per_layer() + self.norm_params_per_layer() + self.dense_mlp_params_per_layer()
-                + self.expert_params_per_layer())
+        return (
+            self.attention_params_per_layer()
+            + self.norm_params_per_layer()
+            + self.dense_mlp_params_per_layer()
+            + self.expert_params_per_layer()
+        )
 
     def num_params(self) -> int:
         """Total parameters (what a checkpoint holds; HF ``num_parameters()``)."""
-        return (self.num_layers * self.layer_params() + self.embedding_params() + self.position_params()
-                + self.lm_head_params() + self.final_norm_params())
+        return (
+            self.num_layers * self.layer_params()
+            + self.embedding_params()
+            + self.position_params()
+            + self.lm_head_params()
+            + self.final_norm_params()
+        )
 
     def num_expert_params(self) -> int:
         return self.num_layers * self.expert_params_per_layer()
@@ -180,8 +189,12 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(params=self.num_params(), active_params=self.num_active_params(),
-                 matmul_params=self.num_matmul_params(), flops_formula=FLOPS_FORMULA)
+        d.update(
+            params=self.num_params(),
+            active_params=self.num_active_params(),
+            matmul_params=self.num_matmul_params(),
+            flops_formula=FLOPS_FORMULA,
+        )
         return d
 
     # ---- constructors ----------------------------------------------------------------------------------------------
@@ -206,7 +219,9 @@ class ModelSpec:
         if not cfg.get("head_dim") and hidden % heads:
             raise ValueError(f"{source}: hidden size {hidden} is not divisible by num_attention_heads {heads}")
         if heads % kv_heads:
-            raise ValueError(f"{source}: num_attention_heads {heads} is not divisible by num_key_value_heads {kv_heads}")
+            raise ValueError(
+                f"{source}: num_attention_heads {heads} is not divisible by num_key_value_heads {kv_heads}"
+            )
         if is_gpt2:
             ffn = int(cfg.get("n_inner") or 4 * hidden)
             max_pos = int(cfg.get("n_positions") or cfg.get("n_ctx") or 0)
@@ -220,7 +235,9 @@ class ModelSpec:
         num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
         top_k = int(cfg.get("num_experts_per_tok") or 0)
         if num_experts and not 0 < top_k <= num_experts:
-            raise ValueError(f"{source}: num_experts_per_tok must be in [1, {num_experts}] for an MoE model, got {top_k}")
+            raise ValueError(
+                f"{source}: num_experts_per_tok must be in [1, {num_experts}] for an MoE model, got {top_k}"
+            )
         if model_type in ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3") and cfg.get("first_k_dense_replace"):
             raise ValueError(f"{source}: mixed dense/MoE layer stacks (first_k_dense_replace) are not modelled")
         return cls(
@@ -247,12 +264,29 @@ class ModelSpec:
         )
 
     @classmethod
-    def gpt2(cls, n_layer: int, n_head: int, n_embd: int, vocab_size: int = 50304, block_size: int = 1024,
-             bias: bool = True, name: str | None = None) -> ModelSpec:
+    def gpt2(
+        cls,
+        n_layer: int,
+        n_head: int,
+        n_embd: int,
+        vocab_size: int = 50304,
+        block_size: int = 1024,
+        bias: bool = True,
+        name: str | None = None,
+    ) -> ModelSpec:
         """A GPT-2 shape the way 6A builds it (nanoGPT / ``phase6.config.pretrain.ModelConfig`` fields)."""
-        return cls.from_hf_config({"model_type": "gpt2", "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
-                                   "vocab_size": vocab_size, "n_positions": block_size, "bias": bias},
-                                  name=name or f"gpt2-{n_layer}L-{n_embd}")
+        return cls.from_hf_config(
+            {
+                "model_type": "gpt2",
+                "n_layer": n_layer,
+                "n_head": n_head,
+                "n_embd": n_embd,
+                "vocab_size": vocab_size,
+                "n_positions": block_size,
+                "bias": bias,
+            },
+            name=name or f"gpt2-{n_layer}L-{n_embd}",
+        )
 
 
 def list_presets() -> list[str]:
@@ -263,8 +297,10 @@ def load_preset(name: str) -> dict[str, Any]:
     """The stored HF config.json fields of a preset (configs/plan/model/<name>.yaml)."""
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise ValueError(f"model: unknown preset {name!r}; known: {', '.join(list_presets())} "
-                         f"(or pass plan.hf_config=PATH/config.json)")
+        raise ValueError(
+            f"model: unknown preset {name!r}; known: {', '.join(list_presets())} "
+            f"(or pass plan.hf_config=PATH/config.json)"
+        )
     data = yaml.safe_load(path.read_text())
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of HF config.json fields")

@@ -1,0 +1,300 @@
+"""Predict-first numbers for 6A (GPT-2 124M / 350M / 1B pretraining): tokens/s, MFU, memory (DDP vs FSDP2), loss.
+
+    from phase6.plan.pretrain import predict_pretrain
+    pred = predict_pretrain(cfg.model, cfg.hardware, seq_len=1024, micro_batch=64, num_gpus=1, parallel="ddp",
+                            train_tokens=10e9)
+    rec.finish(rows, predicted=pred.predicted(), measured={...same metric keys...})
+
+Formulas (docs/cost_model.md):
+- FLOPs/token = 6N + 12·L·H·Q·T (PaLM appendix B; nanoGPT ``estimate_mfu``, torchtitan), N = matmul parameters.
+- tokens/s = MFU x peak x GPUs / FLOPs-per-token, minus exposed communication (phase6.plan.train).
+- memory = 16 B/param mixed-precision Adam (DDP: replicated; FSDP2 = ZeRO-3: / GPUs) + activations
+  (Korthikanti et al. 2022, flash attention) + logits b·s·V·(2+4) B.
+- loss L(N, D) = E + A/N^alpha + B/D^beta (Chinchilla approach 3) for the Hoffmann 2022 and Besiroglu 2024 fits,
+  each shifted by delta = observed - fit at a reference run; the two calibrated values are the reported band.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from phase6 import metrics
+from phase6.config import HardwareConfig
+from phase6.cost import gpu_hours, usd
+from phase6.plan.memory import GIB, ParallelLayout, TrainSetup
+from phase6.plan.model import ModelSpec
+from phase6.plan.profile import HardwareProfile, build_profile
+from phase6.plan.train import StepPrediction, predict_train_step
+
+# MFU priors (dense bf16 peak, PaLM FLOPs formula) by model size, from measured runs on H100-class GPUs
+# (shared/reference/anchors-6a-pretrain.md §1a, §5). Override with mfu= or calibrate on your own run.
+MFU_PRIORS: tuple[tuple[float, float, str], ...] = (
+    (2.0e8, 0.45, "GPT-2 124M: llm.c 8xH100 40% (PaLM form, incl. DP sync), nanoGPT bench 1xH200 B=32 ~44%"),
+    (2.0e9, 0.45, "GPT-2 350M-1.5B: llm.c 350M 58% on A100, 1558M 46.5% on 8xH100; anchors predict 45%"),
+    (float("inf"), 0.36, "7B+: torchtitan Llama-3.1-8B FSDP on 8xH100 33-39% without Float8"),
+)
+
+
+@dataclass(frozen=True)
+class LossFit:
+    """Chinchilla approach-3 fit L(N, D) = E + A/N^alpha + B/D^beta (N = total parameters)."""
+
+    name: str
+    E: float
+    A: float
+    B: float
+    alpha: float
+    beta: float
+    source: str
+
+    def __call__(self, n_params: float, tokens: float) -> float:
+        return self.E + self.A / n_params**self.alpha + self.B / tokens**self.beta
+
+
+LOSS_FITS = (
+    LossFit("hoffmann", 1.69, 406.4, 410.7, 0.34, 0.28, "Hoffmann et al. 2022, arXiv 2203.15556 App. D"),
+    LossFit("besiroglu", 1.8172, 482.01, 2085.43, 0.3478, 0.3658, "Besiroglu et al. 2024 refit, arXiv 2404.10102"),
+)
+
+
+@dataclass(frozen=True)
+class LossReference:
+    """A measured (N, D, loss) point the fits are shifted to pass through."""
+
+    n_params: float
+    tokens: float
+    loss: float
+    source: str
+
+
+# llm.c GPT-2 124M on FineWeb (GPT-2 tokenizer): 3.2722 after 10.26B tokens (anchors-6a §0.2). Replace with 6A's own
+# measured 124M FineWeb-Edu run once it exists (loss_reference=...).
+LLMC_124M = LossReference(124_439_808, 10.26e9, 3.2722, "llm.c 124M, FineWeb 10.26B tokens (modded-nanogpt records)")
+
+
+@dataclass
+class LossPrediction:
+    """Final validation loss band for (N, D): each fit raw, its offset delta and calibrated value."""
+
+    n_params: float
+    tokens: float
+    reference: LossReference
+    raw: dict[str, float]
+    delta: dict[str, float]
+    calibrated: dict[str, float]
+
+    @property
+    def low(self) -> float:
+        return min(self.calibrated.values())
+
+    @property
+    def high(self) -> float:
+        return max(self.calibrated.values())
+
+    @property
+    def mid(self) -> float:
+        return (self.low + self.high) / 2
+
+
+def predict_loss(n_params: float, tokens: float, reference: LossReference = LLMC_124M) -> LossPrediction:
+    """L_fit(N, D) + delta, delta = reference.loss - L_fit(reference) (anchors-6a §6: predicts llm.c 350M within
+    0.045 nats from the 124M point)."""
+    if n_params <= 0 or tokens <= 0:
+        raise ValueError(f"predict_loss: need n_params > 0 and tokens > 0, got {n_params}, {tokens}")
+    raw = {f.name: f(n_params, tokens) for f in LOSS_FITS}
+    delta = {f.name: reference.loss - f(reference.n_params, reference.tokens) for f in LOSS_FITS}
+    return LossPrediction(n_params, tokens, reference, raw, delta, {k: raw[k] + delta[k] for k in raw})
+
+
+def mfu_prior(num_params: float) -> tuple[float, str]:
+    for limit, mfu, source in MFU_PRIORS:
+        if num_params <= limit:
+            return mfu, source
+    raise AssertionError("MFU_PRIORS ends with inf")
+
+
+def spec_from(model: ModelSpec | Any) -> ModelSpec:
+    """A ModelSpec, or one built from a GPT-2 config object with n_layer/n_head/n_embd/block_size (6A ModelConfig)."""
+    if isinstance(model, ModelSpec):
+        return model
+    missing = [k for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size") if not hasattr(model, k)]
+    if missing:
+        raise ValueError(f"predict_pretrain: model config lacks {', '.join(missing)}")
+    vocab = getattr(model, "padded_vocab_size", model.vocab_size)
+    return ModelSpec.gpt2(
+        model.n_layer,
+        model.n_head,
+        model.n_embd,
+        vocab,
+        model.block_size,
+        bias=getattr(model, "bias", True),
+        name=getattr(model, "name", None),
+    )
+
+
+@dataclass
+class PretrainPrediction:
+    """Predicted throughput, memory and loss for a 6A run; ``predicted()`` gives the results.json block."""
+
+    model: str
+    params: int
+    matmul_params: int
+    flops_per_token: float
+    seq_len: int
+    micro_batch: int
+    grad_accum: int
+    num_gpus: int
+    parallel: str
+    mfu_assumed: float
+    mfu_source: str
+    hardware: str
+    hardware_source: str
+    peak_tflops: float
+    step: StepPrediction
+    memory_gib: dict[str, dict[str, float]]
+    loss: LossPrediction | None
+    train_tokens: float
+    usd_per_gpu_hour: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.step.tokens_per_s
+
+    @property
+    def step_time_s(self) -> float:
+        return self.step.step_time_s
+
+    @property
+    def mfu_pct(self) -> float:
+        """Predicted MFU in percent (model FLOPs, recompute not counted)."""
+        return 100 * self.step.mfu(self.peak_tflops * 1e12)
+
+    def predicted(self) -> dict[str, Any]:
+        """Metric-keyed numbers (phase6.metrics names) so they line up with the measured block of results.json."""
+        mem = self.memory_gib[self.parallel]
+        out: dict[str, Any] = {
+            metrics.TOKENS_PER_S: self.tokens_per_s,
+            metrics.STEP_TIME_S: self.step_time_s,
+            metrics.MFU_PCT: self.mfu_pct,
+            metrics.MEM_MAX_ALLOCATED_GIB: mem["total"],
+            "flops_per_token": self.flops_per_token,
+            "params": self.params,
+        }
+        if self.loss is not None:
+            out[metrics.VAL_LOSS] = self.loss.mid
+            out["val_loss_low"] = self.loss.low
+            out["val_loss_high"] = self.loss.high
+        if self.train_tokens:
+            hours = self.train_tokens / self.tokens_per_s / 3600
+            out["train_hours"] = hours
+            out[metrics.COST_GPU_HOURS] = gpu_hours(self.num_gpus, hours * 3600)
+            out[metrics.COST_USD] = usd(out[metrics.COST_GPU_HOURS], self.usd_per_gpu_hour)
+        out["formulas"] = self.formulas()
+        return out
+
+    def formulas(self) -> dict[str, str]:
+        f = {
+            "flops_per_token": f"{metrics.FLOPS_FORMULA} with N={self.matmul_params:,} matmul params, T={self.seq_len}",
+            "tokens_per_s": f"MFU {self.mfu_assumed:.2f} x {self.hardware} peak x {self.num_gpus} GPUs / FLOPs-per-token "
+            f"+ exposed comm ({self.mfu_source}; hardware: {self.hardware_source})",
+            "memory": "16 B/param mixed-precision Adam (DDP replicated, FSDP2 / GPUs) + Korthikanti activations "
+            "(flash) + logits b*s*V*6 B",
+        }
+        if self.loss is not None:
+            r = self.loss.reference
+            f["val_loss"] = (
+                f"mid of band [{self.loss.low:.3f}, {self.loss.high:.3f}]: Chinchilla fits (Hoffmann, "
+                f"Besiroglu) + delta from {r.source} (N={r.n_params:.3g}, D={r.tokens:.3g}, L={r.loss})"
+            )
+        return f
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k not in ("step", "loss")}
+        d["predicted"] = self.predicted()
+        d["comm"] = [c.as_dict() for c in self.step.comm]
+        if self.loss is not None:
+            d["loss"] = {
+                "raw": self.loss.raw,
+                "delta": self.loss.delta,
+                "calibrated": self.loss.calibrated,
+                "band": [self.loss.low, self.loss.high],
+                "reference": asdict(self.loss.reference),
+            }
+        return d
+
+
+def predict_pretrain(
+    model: ModelSpec | Any,
+    hardware: HardwareConfig | HardwareProfile,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    grad_accum: int = 1,
+    num_gpus: int = 1,
+    parallel: str = "ddp",
+    mfu: float | None = None,
+    train_tokens: float = 0.0,
+    loss_reference: LossReference | None = LLMC_124M,
+    activation_checkpointing: bool = False,
+    grad_reduce_bytes: int = 4,
+) -> PretrainPrediction:
+    """Predict a data-parallel GPT-2 pretraining run (6A): DDP (replicated states) or FSDP2 (ZeRO-3)."""
+    if parallel not in ("ddp", "fsdp2"):
+        raise ValueError(f"parallel must be 'ddp' or 'fsdp2', got {parallel!r}")
+    for k, v in (
+        ("seq_len", seq_len),
+        ("micro_batch", micro_batch),
+        ("grad_accum", grad_accum),
+        ("num_gpus", num_gpus),
+    ):
+        if v < 1:
+            raise ValueError(f"predict_pretrain: {k} must be >= 1, got {v}")
+    spec = spec_from(model)
+    profile = hardware if isinstance(hardware, HardwareProfile) else build_profile(hardware)
+    if mfu is None:
+        mfu, mfu_source = mfu_prior(spec.num_params())
+    else:
+        mfu_source = "given"
+    layout = ParallelLayout(dp=num_gpus)
+    tokens = seq_len * micro_batch * grad_accum * num_gpus
+    setups = {
+        name: TrainSetup(
+            seq_len=seq_len,
+            global_batch_tokens=tokens,
+            micro_batch=micro_batch,
+            zero=zero,
+            activation_checkpointing=activation_checkpointing,
+            grad_reduce_bytes=grad_reduce_bytes,
+        )
+        for name, zero in (("ddp", 0), ("fsdp2", 3))
+    }
+    steps = {name: predict_train_step(spec, layout, s, profile, mfu) for name, s in setups.items()}
+    step = steps[parallel]
+    pred = PretrainPrediction(
+        model=spec.name,
+        params=spec.num_params(),
+        matmul_params=spec.num_matmul_params(),
+        flops_per_token=spec.flops_per_token(seq_len),
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        num_gpus=num_gpus,
+        parallel=parallel,
+        mfu_assumed=mfu,
+        mfu_source=mfu_source,
+        hardware=profile.hardware.name,
+        hardware_source=profile.source,
+        peak_tflops=profile.hardware.peak_bf16_tflops,
+        step=step,
+        memory_gib={name: s.memory.gib() for name, s in steps.items()},
+        loss=predict_loss(spec.num_params(), train_tokens, loss_reference)
+        if (train_tokens and loss_reference)
+        else None,
+        train_tokens=train_tokens,
+        usd_per_gpu_hour=profile.hardware.usd_per_gpu_hour,
+    )
+    if step.memory.total > profile.hardware.hbm_gib * GIB:
+        pred.notes.append(f"{parallel} needs {step.memory.total / GIB:.1f} GiB > {profile.hardware.hbm_gib} GiB HBM")
+    return pred
