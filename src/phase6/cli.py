@@ -47,6 +47,13 @@ def dpo(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
     run("dpo", ctx.args, multirun)
 
 
+@app.command("prepare-data", context_settings=OVERRIDES)
+def prepare_data(ctx: typer.Context, multirun: bool = MULTIRUN, check_tokenizer: bool = typer.Option(
+        False, "--check-tokenizer", help="Round-trip an English page byte for byte; report bytes/token.")) -> None:
+    """6A data: tokenize data=<preset> into llm.c shards (shard 0 = val) + manifest.json; rerun resumes a kill."""
+    run("prepare_data", ctx.args + (["check_tokenizer=true"] if check_tokenizer else []), multirun)
+
+
 @app.command("config", context_settings=OVERRIDES)
 def config_cmd(ctx: typer.Context, job: str = typer.Argument(..., help="job name, e.g. pretrain")) -> None:
     """Print the resolved and validated config of JOB with the given overrides."""

@@ -159,6 +159,8 @@ class JobSpec:
 # The registry: job name (= primary YAML name = CLI subcommand with '_' -> '-') -> spec.
 JOBS: dict[str, JobSpec] = {
     "cost": JobSpec("phase6.config:CostRunConfig", "phase6.cost:main", "GPU-hours and $ per 1M tokens vs API prices"),
+    "prepare_data": JobSpec("phase6.config.data:PrepareDataRunConfig", "projects/6a_pretrain/prepare.py:main",
+                            "6A: tokenize a corpus into llm.c shards (shard 0 = val) + manifest.json; resumable"),
     "dpo": JobSpec("phase6.config.dpo:DPORunConfig", "projects/6c_dpo/dpo.py:main", "LoRA-DPO/IPO/ORPO + battery + verdict"),
 }
 

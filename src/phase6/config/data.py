@@ -1,7 +1,9 @@
 """Typed config of token data: where the text comes from, how it is tokenized and sharded, where shards live.
 
-``DataConfig`` is the shared Hydra group ``configs/data/*.yaml``: `phase6 prepare-data` writes shards into
-``out_dir`` and `phase6 pretrain` reads them from the same place, so one ``data=<preset>`` override selects both.
+``DataConfig`` is the Hydra group ``data`` of two jobs: its presets live in ``configs/prepare_data/data/*.yaml``
+and ``configs/pretrain/data`` links to the same folder (job-specific groups, so DPO's own ``data`` group does not
+see them). `phase6 prepare-data` writes shards into ``out_dir`` and `phase6 pretrain` reads them from the same
+place, so one ``data=<preset>`` override selects both.
 ``PrepareDataRunConfig`` is the root of the `phase6 prepare-data` job (``configs/prepare_data.yaml``).
 """
 

@@ -14,6 +14,7 @@ not depend on the rank, so rank 0's checkpoint resumes every rank.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -67,8 +68,25 @@ class ShardLoader:
         # sha256 is checked against manifest.json the first time each shard is opened (~0.1 s per 200 MB shard)
         self._expected = {s.file: s for s in manifest.shards} if manifest is not None and verify_sha256 else {}
         self.vocab_size = manifest.tokenizer.vocab_size if manifest is not None else None
-        for path in self.paths:  # headers only: a too-small or broken shard fails now, not hours into the run
-            self._check_size(path, read_header(path))
+        # Headers only: a broken shard fails now, not hours into the run. A shard shorter than one step (the last,
+        # partial one of a prep) is skipped, like the tail of every shard that does not fill a whole step.
+        usable = []
+        for path in self.paths:
+            num_tokens = read_header(path)
+            if num_tokens >= self.tokens_per_step + 1:
+                usable.append(path)
+            else:
+                warnings.warn(
+                    f"{path}: {num_tokens} tokens, fewer than one step (B*T*world+1 = "
+                    f"{self.tokens_per_step + 1}); skipped",
+                    stacklevel=2,
+                )
+        if not usable:
+            raise ValueError(
+                f"{self.paths[0].parent}: no {split} shard has one step of tokens "
+                f"(B*T*world+1 = {self.tokens_per_step + 1}); use a smaller batch or bigger shards"
+            )
+        self.paths = usable
         self.reset()
 
     @property

@@ -40,7 +40,7 @@ from phase6.data.shards import (
     write_manifest,
     write_shard,
 )
-from phase6.data.sources import Source, embedded_text, resolve_source
+from phase6.data.sources import Source, join_documents, resolve_source
 from phase6.data.tokenizer import (
     BPE_FILE,
     BPETokenizer,
@@ -55,6 +55,7 @@ from phase6.data.tokenizer import (
 )
 
 PROGRESS_NAME = "progress.json"
+CHECK_CHARS = 200_000
 
 
 @dataclass
@@ -321,10 +322,31 @@ def _remove_strays(out_dir: Path, prefix: str, num_done: int) -> None:
             p.unlink()
 
 
+def ensure_prepared(cfg: DataConfig, *, show_progress: bool = True) -> Manifest | None:
+    """What a trainer calls before loading: the manifest of ``cfg.out_dir`` when it is already prepared,
+    None for a pre-tokenized llm.c set without a manifest, else run (or finish) the prep first.
+
+    A finished directory is taken as it is (no source or network access); its tokenizer must match data.tokenizer.
+    """
+    out_dir = Path(cfg.out_dir)
+    progress = Progress.load(out_dir) if out_dir.is_dir() else None
+    manifest = load_manifest(out_dir) if out_dir.is_dir() else None
+    if manifest is not None and (progress is None or progress.done):
+        if cfg.tokenizer != "auto" and manifest.tokenizer.name != cfg.tokenizer:
+            raise ValueError(
+                f"{out_dir / MANIFEST_NAME}: shards use tokenizer {manifest.tokenizer.name!r} but "
+                f"data.tokenizer={cfg.tokenizer!r}; use another data.out_dir"
+            )
+        return manifest
+    if manifest is None and progress is None and out_dir.is_dir() and any(out_dir.glob("*_val_*.bin")):
+        return None  # llm.c / modded-nanogpt pre-tokenized shards (GPT-2 ids); headers are checked on load
+    return prepare_shards(cfg, show_progress=show_progress)
+
+
 def tokenizer_check(cfg: DataConfig, text_path: str | None = None) -> TokenizerCheck:
     """Round-trip an English page byte for byte through the configured tokenizer; report bytes/token.
 
-    The page is ``text_path`` or the embedded CPython docs (the language reference pages). tokenizer=bpe uses
+    The page is ``text_path`` or the source's first documents (200,000 chars). tokenizer=bpe uses
     the tokenizer.json a prep already trained in data.out_dir.
     """
     name = resolve_tokenizer_name(cfg)
@@ -346,7 +368,8 @@ def tokenizer_check(cfg: DataConfig, text_path: str | None = None) -> TokenizerC
         except UnicodeDecodeError as e:
             raise ValueError(f"{p}: not UTF-8 text ({e})") from None
     else:
-        text, label = embedded_text(max_chars=200_000), "embedded CPython docs (first 200,000 chars)"
+        source = resolve_source(cfg)
+        text, label = join_documents(source.documents(), CHECK_CHARS), f"{source.label} (first {CHECK_CHARS:,} chars)"
     return check_tokenizer(tok, text, label)
 
 

@@ -90,13 +90,13 @@ def embedded_documents() -> Iterator[str]:
             yield doc
 
 
-def embedded_text(max_chars: int | None = None) -> str:
-    """The embedded corpus's pydoc topic pages joined, e.g. for a tokenizer check."""
+def join_documents(docs: Iterator[str], max_chars: int) -> str:
+    """The first documents of a stream joined by blank lines, cut to ``max_chars`` (a page for tokenizer checks)."""
     parts, size = [], 0
-    for doc in embedded_documents():
+    for doc in docs:
         parts.append(doc)
-        size += len(doc)
-        if max_chars is not None and size >= max_chars:
+        size += len(doc) + 2
+        if size >= max_chars:
             break
     return "\n\n".join(parts)[:max_chars]
 

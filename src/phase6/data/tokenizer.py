@@ -254,6 +254,8 @@ class TokenizerCheck:
     """Result of a byte-exact round trip of a text through a tokenizer."""
 
     tokenizer: str
+    source: str
+    """What text was checked (file or source label)."""
     num_bytes: int
     num_tokens: int
 
@@ -278,4 +280,4 @@ def check_tokenizer(tok: Tokenizer, text: str, source: str = "text") -> Tokenize
             f"{source}: {tok.name} round trip differs at byte {at}: {original[at : at + 20]!r} -> "
             f"{back[at : at + 20]!r} ({len(original)} -> {len(back)} bytes)"
         )
-    return TokenizerCheck(tok.name, len(original), len(ids))
+    return TokenizerCheck(tok.name, source, len(original), len(ids))
