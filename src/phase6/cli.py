@@ -54,6 +54,23 @@ def prepare_data(ctx: typer.Context, multirun: bool = MULTIRUN, check_tokenizer:
     run("prepare_data", ctx.args + (["check_tokenizer=true"] if check_tokenizer else []), multirun)
 
 
+@app.command(context_settings=OVERRIDES)
+def plan(ctx: typer.Context, multirun: bool = MULTIRUN,
+         json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the scripting interface)."),
+         explain: bool = typer.Option(False, "--explain", help="Print the derivation with every number.")) -> None:
+    """Predict memory/comm/step time or serving latency and rank layouts; `phase6 plan calibrate --help` measures."""
+    if ctx.args[:1] == ["calibrate"]:
+        from phase6.plan.calibrate import cli_main
+
+        try:
+            cli_main(ctx.args[1:])
+        except ValueError as e:
+            fail(str(e))
+        return
+    output = ["plan.output=json"] if json_out else ["plan.output=explain"] if explain else []
+    run("plan", ctx.args + output, multirun)
+
+
 @app.command("config", context_settings=OVERRIDES)
 def config_cmd(ctx: typer.Context, job: str = typer.Argument(..., help="job name, e.g. pretrain")) -> None:
     """Print the resolved and validated config of JOB with the given overrides."""

@@ -186,3 +186,15 @@ class PlanRunConfig:
         )
         if all(getattr(self.plan, k) for k in ("dp", "tp", "pp", "cp")):
             require(prod == self.gpus, "gpus", f"plan.dp*tp*pp*cp = {prod} != gpus = {self.gpus}")
+        # Fail before any work: the model must parse (missing fields name the file) and a legal layout must exist.
+        from phase6.plan.model import resolve_model
+        from phase6.plan.recommend import layouts
+
+        spec = resolve_model(self.model, self.plan.hf_config)
+        layouts(
+            spec,
+            self.gpus,
+            self.workload,
+            {k: getattr(self.plan, k) for k in ("dp", "tp", "pp", "ep", "cp")},
+            self.plan.seq_len,
+        )
