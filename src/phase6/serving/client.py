@@ -39,6 +39,7 @@ import aiohttp
 from phase6.serving.workload import BenchRequest, TokenizerLike
 
 API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_decode = json.JSONDecoder().decode  # str in, no encoding sniffing: the per-chunk hot path
 
 
 def request_body(req: BenchRequest, *, engine: str, api: str, model: str, fix_output_len: bool,
@@ -168,6 +169,8 @@ class RunOutcome:
     """First dispatch -> last request end (the throughput denominator)."""
     first_dispatch_s: float
     abort_reason: str | None = None
+    warmup_failed: int = 0
+    """Warmup requests that failed (warmup results are otherwise discarded)."""
 
     @property
     def planned(self) -> int:
@@ -217,7 +220,7 @@ def _parse_event(event: bytes, now_rel: float, r: RequestResult, s: _Stream) -> 
         s.done = True
         return
     try:
-        obj = json.loads(payload)
+        obj = _decode(payload.decode())
     except ValueError as e:
         raise ValueError(f"malformed SSE data: {payload[:120]!r}") from e
     if not isinstance(obj, dict):
@@ -284,19 +287,24 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
                        concurrency: int | None, *, connect_timeout_s: float = 10.0, read_timeout_s: float = 120.0,
                        request_timeout_s: float = 1800.0, deadline_s: float | None = None,
                        abort_check: Callable[[], str | None] | None = None, tokenizer: TokenizerLike | None = None,
-                       requests: list[BenchRequest] | None = None,
+                       requests: list[BenchRequest] | None = None, warmup_bodies: list[bytes] | None = None,
+                       send_time_header: bool = False,
                        on_start: Callable[[float], None] | None = None) -> RunOutcome:
     """Send ``bodies[i]`` at ``schedule[i]`` seconds (gated by ``concurrency``) and collect every stream.
 
-    ``deadline_s`` (after the start) and ``abort_check`` (polled every 0.2 s, e.g. "server exited") end the run:
-    in-flight requests fail with the reason, unsent ones stay unsent. Never hangs longer than the deadline.
+    ``warmup_bodies`` run first, closed loop at the same concurrency and over the same connection pool (so the
+    measured run does not pay TCP connects or server warm-up), and are discarded. ``deadline_s`` (after the
+    start) and ``abort_check`` (polled every 0.2 s, e.g. "server exited") end the run: in-flight requests fail
+    with the reason, unsent ones stay unsent. Never hangs longer than the deadline (+ the warmup's own).
+    ``send_time_header`` adds ``x-send-time`` (this host's CLOCK_MONOTONIC at send) for the scripted test
+    server, which then times its script from the client's send instead of its own receive.
     """
     assert len(bodies) == len(schedule)
     url = base_url.rstrip("/") + API_PATHS[api]
     n = len(bodies)
     results = [RequestResult(i, float(schedule[i])) for i in range(n)]
     if requests is not None:
-        for r, q in zip(results, requests):
+        for r, q in zip(results, requests, strict=True):
             r.prompt_len, r.requested_output_len = q.prompt_len, q.output_len
     order = sorted(range(n), key=lambda i: schedule[i])
     if deadline_s is None:
@@ -310,13 +318,15 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
     tasks: list[asyncio.Task[None]] = []
     abort: list[str] = []
     perf = time.perf_counter
+    warm_results: list[RequestResult] = []
 
-    async def send(r: RequestResult, session: aiohttp.ClientSession, t0: float) -> None:
+    async def send(r: RequestResult, body: bytes, session: aiohttp.ClientSession, t0: float) -> None:
         s = _Stream()
         st = perf()
         r.send_s = st - t0
+        headers = {"x-send-time": repr(st)} if send_time_header else None
         try:
-            async with session.post(url, data=bodies[r.index]) as resp:
+            async with session.post(url, data=body, headers=headers) as resp:
                 r.status = resp.status
                 if resp.status != 200:
                     r.error = f"HTTP {resp.status}: {(await resp.text(errors='replace'))[:200]}"
@@ -352,14 +362,14 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
         finally:
             _finalize(r, s, tokenizer)
 
-    async def one(r: RequestResult, session: aiohttp.ClientSession, t0: float) -> None:
+    async def one(r: RequestResult, body: bytes, session: aiohttp.ClientSession, t0: float) -> None:
         r.dispatch_s = perf() - t0
         try:
             if sem is None:
-                await send(r, session, t0)
+                await send(r, body, session, t0)
             else:
                 async with sem:
-                    await send(r, session, t0)
+                    await send(r, body, session, t0)
         except asyncio.CancelledError:
             r.ok = False
             r.error = r.error or f"cancelled: {abort[0] if abort else 'run cancelled'}"
@@ -373,7 +383,7 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
                 await asyncio.sleep(delay)
             if abort:
                 return
-            tasks.append(loop.create_task(one(results[i], session, t0)))
+            tasks.append(loop.create_task(one(results[i], bodies[i], session, t0)))
 
     async def watchdog(t0: float, dispatcher: asyncio.Task[None]) -> None:
         while True:
@@ -393,6 +403,17 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                          headers={"Content-Type": "application/json"}) as session:
+            if warmup_bodies:
+                t_w = perf()
+                warm_sem = asyncio.Semaphore(concurrency or len(warmup_bodies))
+
+                async def warm(i: int, body: bytes) -> None:
+                    r = RequestResult(-1 - i, 0.0)
+                    warm_results.append(r)
+                    async with warm_sem:
+                        await send(r, body, session, t_w)
+
+                await asyncio.gather(*(warm(i, b) for i, b in enumerate(warmup_bodies)))
             t0 = perf()
             if on_start is not None:
                 on_start(t0)
@@ -414,7 +435,8 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
     assert sum(r.ok for r in sent) + sum(not r.ok for r in sent) == len(sent)
     first = min((r.dispatch_s for r in sent), default=0.0)
     last = max((r.end_s for r in sent), default=first)
-    return RunOutcome(results, last - first, first, abort[0] if abort else None)
+    return RunOutcome(results, last - first, first, abort[0] if abort else None,
+                      warmup_failed=sum(not r.ok for r in warm_results))
 
 
 def run_benchmark(base_url: str, api: str, bodies: list[dict[str, Any]], schedule: list[float],

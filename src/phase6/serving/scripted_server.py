@@ -25,12 +25,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import selectors
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from phase6.serving.server import Server, free_port
 
 FAULTS = (None, "http500", "stall", "disconnect", "malformed", "no_finish")
 USAGE_MODES = ("final", "continuous", "none")
@@ -77,7 +82,10 @@ def build_app(scripts: list[dict[str, Any]]) -> web.Application:
 
     async def complete(request: web.Request) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        t_recv = loop.time()
+        # the client's send time when it tells us (same host, same CLOCK_MONOTONIC as loop.time()), so the
+        # script is the latency the client should observe; else our own receive time
+        sent = request.headers.get("x-send-time")
+        t_recv = float(sent) if sent else loop.time()
         body = await request.json()
         chat = request.path.endswith("/chat/completions")
         prompt = _prompt_of(body)
@@ -92,23 +100,23 @@ def build_app(scripts: list[dict[str, Any]]) -> web.Application:
         obj = "chat.completion.chunk" if chat else "text_completion"
         rid = f"scripted-{state['requests']}"
 
-        def event(choice: dict[str, Any], usage: dict[str, int] | None = None) -> bytes:
-            d: dict[str, Any] = {"id": rid, "object": obj, "model": "scripted", "choices": [choice]}
-            if usage is not None:
-                d["usage"] = usage
-            return b"data: " + json.dumps(d).encode() + b"\n\n"
+        head = f'data: {{"id": "{rid}", "object": "{obj}", "model": "scripted", "choices": ['
 
-        def piece(text: str, finish: str | None = None) -> dict[str, Any]:
-            c: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        def event(choice: str, usage: int | None = None) -> bytes:
+            # formatted by hand: json.dumps per chunk would dominate this server's CPU at 256 streams
+            tail = "]" if usage is None else (f'], "usage": {{"prompt_tokens": 7, "completion_tokens": {usage}, '
+                                               f'"total_tokens": {7 + usage}}}')
+            return f"{head}{choice}{tail}}}\n\n".encode()
+
+        def piece(text: str, finish: str | None = None) -> str:
+            fin = "null" if finish is None else f'"{finish}"'
             if chat:
-                c["delta"] = {"content": text}
-            else:
-                c["text"] = text
-            return c
+                return f'{{"index": 0, "delta": {{"content": "{text}"}}, "finish_reason": {fin}}}'
+            return f'{{"index": 0, "text": "{text}", "finish_reason": {fin}}}'
 
         try:
             if chat:  # role-only opening chunk, as vLLM and transformers send it: not a token
-                await resp.write(event({"index": 0, "delta": {"role": "assistant"}}))
+                await resp.write(event('{"index": 0, "delta": {"role": "assistant"}}'))
             target = t_recv + sc["ttft_s"]
             total = 0
             for i, k in enumerate(sc["tokens"]):
@@ -126,15 +134,10 @@ def build_app(scripts: list[dict[str, Any]]) -> web.Application:
                     continue
                 await sleep_until(loop, target)
                 total += k
-                usage = None
-                if sc["usage"] == "continuous":
-                    usage = {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total}
-                await resp.write(event(piece("tok " * k), usage))
+                await resp.write(event(piece("tok " * k), total if sc["usage"] == "continuous" else None))
                 state["generated"] += k
             if sc["fault"] != "no_finish":
-                usage = None if sc["usage"] == "none" else {"prompt_tokens": 7, "completion_tokens": total,
-                                                             "total_tokens": 7 + total}
-                await resp.write(event(piece("", "length"), usage))
+                await resp.write(event(piece("", "length"), None if sc["usage"] == "none" else total))
                 if sc["done"]:
                     await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -198,3 +201,21 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def start(scripts: list[dict[str, Any]], workdir: Path, port: int = 0, timeout_s: float = 30.0) -> Server:
+    """Launch the scripted server in its own process group (own core, own event loop) and wait until ready."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "scripts.json"
+    path.write_text(json.dumps([validate_script(s, f"script {i}") for i, s in enumerate(scripts)]))
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "phase6.serving.scripted_server", "--port", str(port), "--scripts", str(path)]
+    log_path = workdir / "scripted_server.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+    srv = Server("scripted", f"http://127.0.0.1:{port}", cmd, log_path, proc)
+    srv.wait_ready(timeout_s)
+    return srv

@@ -101,7 +101,7 @@ def load_sharegpt(path: str | Path, tok: TokenizerLike, num_requests: int, seed:
         prompts = [pairs[k][0] for k in idx]
         answers = [pairs[k][1] for k in idx]
         plens, olens = _batch_lengths(tok, prompts), _batch_lengths(tok, answers)
-        for p, pl, ol in zip(prompts, plens, olens):
+        for p, pl, ol in zip(prompts, plens, olens, strict=True):
             if prompt_min <= pl <= prompt_max and output_min <= ol <= output_max:
                 out.append(BenchRequest(len(out), p, pl, ol))
                 if len(out) == num_requests:
@@ -158,7 +158,7 @@ def load_synthetic(tok: TokenizerLike, num_requests: int, seed: int, prompt_dist
     olens = sample_lengths(output_dist, num_requests, rng)
     pool = _content_ids(tok)
     out = []
-    for i, (pl, ol) in enumerate(zip(plens.tolist(), olens.tolist())):
+    for i, (pl, ol) in enumerate(zip(plens.tolist(), olens.tolist(), strict=True)):
         text = random_text(tok, pool, pl, rng)
         out.append(BenchRequest(i, text, len(_encode(tok, text)), ol))
     return out

@@ -1,0 +1,12 @@
+"""6B serving benchmark library: workloads and schedules, the streaming client, server lifecycle, statistics,
+telemetry and plots. The `phase6 serve-bench` entry is projects/6b_serving/serve_bench.py.
+
+- ``workload``: ShareGPT / synthetic / Mooncake / Azure request lists, seeded arrival schedules
+- ``client``: async SSE client (per-chunk timestamps, per-token ITL, accounting that never loses a request)
+- ``server``: launch/ready/stop of vLLM, SGLang, transformers serve; cache across sweep members
+- ``stats``: the scaling-table row (exact keys in ``stats.ROW_KEYS``), goodput at the SLO, cost per 1M tokens
+- ``telemetry``: NVML + Prometheus sampler process
+- ``plots``: latency CDFs, time series, metrics vs load
+- ``scripted_server``: a timing-controlled fake server for testing and benchmarking the client
+- ``tiny``: a tiny random chat model + tokenizer for CPU smoke runs of `transformers serve`
+"""

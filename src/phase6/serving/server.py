@@ -1,0 +1,255 @@
+"""Server lifecycle: launch vLLM / SGLang / transformers serve on 127.0.0.1, wait until ready, record, stop.
+
+- Launch: one process group per server (``start_new_session``), stdout+stderr to ``server.log``; engine knobs we
+  do not model pass through ``serve.engine_args`` as ``--key value`` (e.g. ``load-format: dummy``).
+- Ready: ``GET /health`` == 200 and ``GET /v1/models`` lists a model (vLLM starts its HTTP server after the
+  engine loaded; SGLang's /health is 503 while starting, anchors §6). A process that exits during startup fails
+  at once; a timeout fails with the log tail.
+- Stop: SIGTERM to the whole group (TP workers are children), SIGKILL after a grace period.
+- Cache: sweep members in one process (Hydra's basic launcher) reuse a running server whose launch spec
+  (engine, model, TP, dtype, args) is unchanged; a different spec stops it first (one server holds the GPUs).
+- ``serve.endpoint``: an already running server of any engine; nothing is launched or stopped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from phase6.config.serve import ServeConfig
+
+# Default command prefix per engine (console scripts are looked up next to this interpreter first).
+LAUNCHERS: dict[str, list[str]] = {
+    "vllm": ["vllm", "serve"],
+    "sglang": [sys.executable, "-m", "sglang.launch_server"],
+    "transformers": ["transformers", "serve"],
+}
+ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "transformers": "transformers"}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _resolve(exe: str) -> str:
+    """Console scripts of the active environment first (works without activating the venv), then PATH."""
+    if os.sep in exe:
+        return exe
+    local = Path(sys.executable).parent / exe
+    if local.exists():
+        return str(local)
+    return shutil.which(exe) or exe
+
+
+def engine_flags(args: dict[str, Any]) -> list[str]:
+    """``{"load-format": "dummy", "enforce-eager": True, "x": False}`` -> ``--load-format dummy --enforce-eager``."""
+    out: list[str] = []
+    for k, v in args.items():
+        flag = k if k.startswith("-") else f"--{k}"
+        if v is True:
+            out.append(flag)
+        elif v is False or v is None:
+            continue
+        elif isinstance(v, (list, tuple)):
+            out += [flag, *map(str, v)]
+        elif isinstance(v, dict):
+            import json
+
+            out += [flag, json.dumps(v)]
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def build_command(cfg: ServeConfig, model: str, port: int) -> list[str]:
+    """The server command line for ``cfg`` (model path resolved by the caller, port chosen)."""
+    launcher = list(cfg.launcher) if cfg.launcher else list(LAUNCHERS[cfg.engine])
+    launcher[0] = _resolve(launcher[0])
+    common = ["--host", cfg.host, "--port", str(port)]
+    if cfg.engine == "vllm":
+        cmd = [*launcher, model, *common, "--tensor-parallel-size", str(cfg.tp), "--dtype", cfg.dtype]
+        if cfg.max_model_len:
+            cmd += ["--max-model-len", str(cfg.max_model_len)]
+        if cfg.served_model_name:
+            cmd += ["--served-model-name", cfg.served_model_name]
+    elif cfg.engine == "sglang":
+        cmd = [*launcher, "--model-path", model, *common, "--tp-size", str(cfg.tp), "--dtype", cfg.dtype,
+               "--enable-metrics"]
+        if cfg.max_model_len:
+            cmd += ["--context-length", str(cfg.max_model_len)]
+        if cfg.served_model_name:
+            cmd += ["--served-model-name", cfg.served_model_name]
+    elif cfg.engine == "transformers":
+        if cfg.tp != 1:
+            raise ValueError(f"serve.tp: transformers serve has no tensor parallelism, use tp=1 (got {cfg.tp})")
+        cmd = [*launcher, model, *common, "--dtype", cfg.dtype]
+    else:
+        raise ValueError(f"serve.engine: {cfg.engine!r} cannot be launched; set serve.endpoint")
+    return cmd + engine_flags(cfg.engine_args)
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        with path.open(errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))
+    except OSError:
+        return "(no log)"
+
+
+def probe_ready(base_url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
+    """(ready, detail): /health 200 (404 tolerated: not every server has it) and /v1/models lists a model."""
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+            h = c.get(base_url + "/health")
+            if h.status_code not in (200, 404):
+                return False, f"/health {h.status_code}"
+            m = c.get(base_url + "/v1/models")
+            if m.status_code != 200:
+                return False, f"/v1/models {m.status_code}"
+            data = m.json().get("data") or []
+            return (True, str(data[0].get("id"))) if data else (False, "/v1/models lists no model")
+    except (httpx.HTTPError, ValueError) as e:
+        return False, f"{type(e).__name__}: {e}"
+
+
+def engine_version(base_url: str, engine: str) -> str:
+    """vLLM ``/version``, SGLang ``/server_info`` (older ``/get_server_info``); else the installed package."""
+    with contextlib.suppress(httpx.HTTPError, ValueError), httpx.Client(timeout=5.0, trust_env=False) as c:
+        for path in ("/version", "/server_info", "/get_server_info"):
+            r = c.get(base_url + path)
+            if r.status_code == 200:
+                v = r.json().get("version")
+                if v:
+                    return str(v)
+    pkg = ENGINE_PACKAGES.get(engine)
+    if pkg:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return f"{metadata.version(pkg)} (package in the client environment)"
+    return "unknown"
+
+
+@dataclass
+class Server:
+    """A server the benchmark talks to: launched here (``proc`` set) or external (``proc`` None)."""
+
+    engine: str
+    base_url: str
+    command: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    model_id: str = ""
+    version: str = ""
+    startup_s: float = 0.0
+    key: tuple[Any, ...] = ()
+
+    def exited(self) -> str | None:
+        """A reason string once a launched server process has died (the client's abort check)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"server process exited with code {self.proc.returncode}"
+        return None
+
+    def wait_ready(self, timeout_s: float) -> None:
+        t0 = time.perf_counter()
+        detail = ""
+        while time.perf_counter() - t0 < timeout_s:
+            died = self.exited()
+            if died:
+                raise RuntimeError(f"{self.engine} {died} during startup; log {self.log_path}:\n"
+                                   f"{log_tail(self.log_path) if self.log_path else ''}")
+            ok, detail = probe_ready(self.base_url)
+            if ok:
+                self.model_id = detail
+                self.startup_s = time.perf_counter() - t0
+                self.version = engine_version(self.base_url, self.engine)
+                return
+            time.sleep(0.5)
+        tail = log_tail(self.log_path) if self.log_path else "(external endpoint, no log)"
+        self.stop()
+        raise RuntimeError(f"{self.engine} at {self.base_url} not ready after {timeout_s:.0f} s (last: {detail}); "
+                           f"log tail:\n{tail}")
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": self.engine, "version": self.version, "base_url": self.base_url, "model_id": self.model_id,
+                "command": self.command, "log": str(self.log_path) if self.log_path else None,
+                "startup_s": self.startup_s, "managed": self.proc is not None,
+                "pid": self.proc.pid if self.proc is not None else None}
+
+
+def launch(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | None = None) -> Server:
+    """Start the server process (not yet waiting for readiness)."""
+    port = cfg.port or free_port(cfg.host)
+    cmd = build_command(cfg, model, port)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {}), **cfg.env}
+    with log_path.open("ab") as log:
+        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=full_env)
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    return Server(cfg.engine, f"http://{host}:{port}", cmd, log_path, proc, key=cfg.launch_key())
+
+
+# Servers kept across the members of a sweep, keyed by their launch spec.
+_CACHE: dict[tuple[Any, ...], Server] = {}
+
+
+def stop_all() -> None:
+    for key in list(_CACHE):
+        _CACHE.pop(key).stop()
+
+
+atexit.register(stop_all)
+
+
+def acquire(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | None = None) -> tuple[Server, bool]:
+    """A ready server for ``cfg``: (server, reused). External endpoints are probed, never launched."""
+    if cfg.endpoint is not None:
+        srv = Server(cfg.engine, cfg.endpoint.rstrip("/"))
+        srv.wait_ready(cfg.ready_timeout_s)
+        return srv, False
+    key = cfg.launch_key()
+    cached = _CACHE.get(key)
+    if cached is not None and cached.exited() is None and probe_ready(cached.base_url)[0]:
+        return cached, True
+    stop_all()  # a different spec (or a dead server): free the GPUs before starting the next one
+    srv = launch(cfg, model, log_path, env)
+    srv.wait_ready(cfg.ready_timeout_s)
+    if cfg.pin_server:
+        _CACHE[key] = srv
+    return srv, False
+
+
+def release(srv: Server, cfg: ServeConfig) -> None:
+    """End of one run: stop the server unless it is pinned for the next sweep member."""
+    if srv.proc is not None and not (cfg.pin_server and _CACHE.get(srv.key) is srv):
+        srv.stop()

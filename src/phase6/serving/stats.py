@@ -1,0 +1,118 @@
+"""From per-request results to one row of the scaling table (definitions: anchors-6b §8, client.py docstring).
+
+- throughput_tok_s = output_tok_s = sum of server-reported output tokens of completed requests / duration, where
+  duration = first dispatch -> last request end (vLLM ``output_throughput``); total_tok_s adds prompt tokens
+  (server-reported when available, else the client count); req_s = completed / duration.
+- TTFT, TPOT: per completed request; ITL: pooled per-token samples of all completed requests; percentiles are
+  numpy's linear interpolation (vLLM's choice).
+- goodput_req_s = requests that completed AND meet every SLO threshold / duration; failed requests are never
+  good; a single-token answer has no TPOT and passes that threshold (vLLM's rule).
+- gpu_hours_per_1m_output_tokens = GPUs * 1e6 / (3600 * output tok/s) (phase6.cost); usd = that * $/GPU-h.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from phase6.config.serve import SLOConfig
+from phase6.cost import gpu_hours_per_1m_tokens, usd_per_1m_tokens
+from phase6.serving.client import RequestResult, RunOutcome
+
+ROW_KEYS = ("engine", "tp", "concurrency", "request_rate", "throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms",
+            "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "goodput_req_s",
+            "gpu_hours_per_1m_output_tokens", "usd_per_1m_output_tokens", "completed", "failed")
+
+
+def pct(values: list[float], q: float) -> float:
+    """q-th percentile (linear), NaN for an empty list."""
+    vals = [v for v in values if not math.isnan(v)]
+    return float(np.percentile(vals, q)) if vals else math.nan
+
+
+def is_good(r: RequestResult, slo: SLOConfig) -> bool:
+    if not r.ok:
+        return False
+    if slo.ttft_ms is not None and not r.ttft_s * 1e3 <= slo.ttft_ms:
+        return False
+    tpot = r.tpot_s
+    if slo.tpot_ms is not None and not math.isnan(tpot) and not tpot * 1e3 <= slo.tpot_ms:
+        return False
+    return not (slo.e2e_ms is not None and not r.e2e_s * 1e3 <= slo.e2e_ms)
+
+
+def summarize(outcome: RunOutcome, *, engine: str, tp: int, concurrency: int | None, request_rate: float | None,
+              num_gpus: int, usd_per_gpu_hour: float, slo: SLOConfig) -> dict[str, Any]:
+    """The table row: the issue's exact keys first, then the extra columns (queue, dispatch lag, E2E, ...)."""
+    ok = [r for r in outcome.results if r.ok]
+    sent = [r for r in outcome.results if r.sent]
+    dur = outcome.duration_s
+    out_tok = sum(r.output_tokens for r in ok)
+    in_tok = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
+    out_rate = out_tok / dur if dur > 0 else 0.0
+    ttft = [r.ttft_s * 1e3 for r in ok]
+    tpot = [r.tpot_s * 1e3 for r in ok]
+    itl = [g * 1e3 for r in ok for g in r.itl_samples_s()]
+    gaps = [g * 1e3 for r in ok for g in r.chunk_gaps_s()]
+    e2e = [r.e2e_s * 1e3 for r in ok]
+    queue = [r.queue_s * 1e3 for r in sent if not math.isnan(r.send_s)]
+    lag = [r.dispatch_lag_s * 1e3 for r in sent]
+    good = sum(is_good(r, slo) for r in ok)
+    span = max((r.dispatch_s for r in sent), default=0.0) - min((r.dispatch_s for r in sent), default=0.0)
+    offered = (len(sent) - 1) / span if len(sent) > 1 and span > 0 else math.nan
+    errors = Counter(r.error.split(":")[0] for r in sent if not r.ok)
+    retok = [(r.retokenized_tokens, r.output_tokens) for r in ok
+             if r.retokenized_tokens is not None and r.tokens_source == "usage" and r.output_tokens > 0]
+    row: dict[str, Any] = {
+        "engine": engine,
+        "tp": tp,
+        "concurrency": concurrency,
+        "request_rate": request_rate,
+        "throughput_tok_s": out_rate,
+        "ttft_p50_ms": pct(ttft, 50),
+        "ttft_p99_ms": pct(ttft, 99),
+        "itl_p50_ms": pct(itl, 50),
+        "itl_p99_ms": pct(itl, 99),
+        "tpot_p50_ms": pct(tpot, 50),
+        "tpot_p99_ms": pct(tpot, 99),
+        "goodput_req_s": good / dur if dur > 0 else 0.0,
+        "gpu_hours_per_1m_output_tokens": gpu_hours_per_1m_tokens(num_gpus, out_rate),
+        "usd_per_1m_output_tokens": usd_per_1m_tokens(num_gpus, out_rate, usd_per_gpu_hour),
+        "completed": len(ok),
+        "failed": outcome.planned - len(ok),
+        "output_tok_s": out_rate,
+        "total_tok_s": (out_tok + in_tok) / dur if dur > 0 else 0.0,
+        "req_s": len(ok) / dur if dur > 0 else 0.0,
+        "goodput_tok_s": sum(r.output_tokens for r in ok if is_good(r, slo)) / dur if dur > 0 else 0.0,
+        "good_fraction": good / outcome.planned if outcome.planned else math.nan,
+        "e2e_p50_ms": pct(e2e, 50),
+        "e2e_p99_ms": pct(e2e, 99),
+        "chunk_gap_p50_ms": pct(gaps, 50),
+        "chunk_gap_p99_ms": pct(gaps, 99),
+        "queue_p50_ms": pct(queue, 50),
+        "queue_p99_ms": pct(queue, 99),
+        "dispatch_lag_p50_ms": pct(lag, 50),
+        "dispatch_lag_p99_ms": pct(lag, 99),
+        "dispatch_lag_max_ms": max(lag, default=math.nan),
+        "offered_rate_req_s": offered,
+        "duration_s": dur,
+        "planned": outcome.planned,
+        "sent": len(sent),
+        "not_sent": outcome.not_sent,
+        "failed_sent": len(sent) - len(ok),
+        "output_tokens": out_tok,
+        "input_tokens": in_tok,
+        "mean_output_tokens": out_tok / len(ok) if ok else math.nan,
+        "tokens_from_usage_pct": 100.0 * sum(r.tokens_source == "usage" for r in ok) / len(ok) if ok else math.nan,
+        "usage_vs_tokenizer_diff_pct": (100.0 * sum(abs(a - b) for a, b in retok) / sum(b for _, b in retok)
+                                        if retok else math.nan),
+        "slo": slo.describe(),
+        "errors": dict(errors),
+        "abort_reason": outcome.abort_reason,
+    }
+    assert row["completed"] + row["failed"] == outcome.planned
+    assert row["sent"] == row["completed"] + row["failed_sent"]
+    return row

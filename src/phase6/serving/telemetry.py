@@ -1,0 +1,243 @@
+"""Side-channel samplers for a measured run: GPU utilisation/memory (NVML) and the server's Prometheus /metrics.
+
+They run in a separate process (``Sampler``) so that parsing a scrape never holds the client's GIL while it
+timestamps chunks. Output is JSONL with ``t`` on CLOCK_MONOTONIC (the client's ``perf_counter`` clock):
+
+    {"kind": "status", "nvml": "ok" | "unavailable: ...", "metrics": "ok" | "unavailable: ..."}
+    {"kind": "nvml", "t": ..., "gpus": [{"index": 0, "util_pct": 97, "mem_used_gib": 71.2, "power_w": 612.0}]}
+    {"kind": "metrics", "t": ..., "values": {"running": 12, "waiting": 0, "kv_cache_usage": 0.41, ...}}
+
+Prometheus names differ by engine and version (anchors §6): each of our names maps to the candidates below, the
+first one present wins, label sets are summed. GPU_UTIL is "a kernel ran during the sample", not SM occupancy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+PROM_NAMES: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
+    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+    "generation_tokens_total": ("vllm:generation_tokens_total", "sglang:generation_tokens_total"),
+    "prompt_tokens_total": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"),
+    "preemptions_total": ("vllm:num_preemptions_total", "sglang:num_retracted_reqs"),
+    "queue_time_s_sum": ("vllm:request_queue_time_seconds_sum", "sglang:queue_time_seconds_sum"),
+    "queue_time_s_count": ("vllm:request_queue_time_seconds_count", "sglang:queue_time_seconds_count"),
+    "ttft_s_sum": ("vllm:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_sum"),
+    "ttft_s_count": ("vllm:time_to_first_token_seconds_count", "sglang:time_to_first_token_seconds_count"),
+}
+GAUGES = ("running", "waiting", "kv_cache_usage")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {our name: value}, summing label sets; unknown series are skipped."""
+    raw: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+        if name_end < 0:
+            continue
+        name = line[:name_end]
+        rest = line[line.rfind("}") + 1:] if "{" in line[:name_end + 1] else line[name_end:]
+        parts = rest.split()
+        if not parts:
+            continue
+        try:
+            value = float(parts[0])
+        except ValueError:
+            continue
+        raw[name] = raw.get(name, 0.0) + value
+    out = {}
+    for ours, candidates in PROM_NAMES.items():
+        for c in candidates:
+            if c in raw:
+                out[ours] = raw[c]
+                break
+    return out
+
+
+def _nvml_open() -> tuple[Any, list[Any], str]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception as e:  # no driver / no library: recorded, not fatal
+        return None, [], f"unavailable: {type(e).__name__}: {e}"
+    if not handles:
+        return None, [], "unavailable: no GPUs"
+    return pynvml, handles, "ok"
+
+
+def _nvml_sample(nv: Any, handles: list[Any]) -> list[dict[str, Any]]:
+    gpus = []
+    for i, h in enumerate(handles):
+        util = nv.nvmlDeviceGetUtilizationRates(h)
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        power = math.nan
+        with contextlib.suppress(Exception):
+            power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+        gpus.append({"index": i, "util_pct": float(util.gpu), "mem_used_gib": mem.used / 2**30,
+                     "power_w": power})
+    return gpus
+
+
+def sample_loop(out: Path, metrics_url: str | None, metrics_interval_s: float, nvml_interval_s: float,
+                stop: threading.Event) -> None:
+    """Write samples to ``out`` until ``stop`` is set."""
+    nv, handles, nvml_status = _nvml_open()
+    metrics_status = "unavailable: no URL" if metrics_url is None else "ok"
+    client = httpx.Client(timeout=max(0.5, metrics_interval_s), trust_env=False)
+    if metrics_url is not None:
+        try:
+            r = client.get(metrics_url)
+            if r.status_code != 200:
+                metrics_status = f"unavailable: HTTP {r.status_code}"
+            elif not parse_prometheus(r.text):
+                metrics_status = "unavailable: no known serving metrics in the exposition"
+        except httpx.HTTPError as e:
+            metrics_status = f"unavailable: {type(e).__name__}"
+    with out.open("w", buffering=1) as f:
+        f.write(json.dumps({"kind": "status", "nvml": nvml_status, "metrics": metrics_status}) + "\n")
+        next_nvml = next_metrics = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            if nv is not None and now >= next_nvml:
+                f.write(json.dumps({"kind": "nvml", "t": now, "gpus": _nvml_sample(nv, handles)}) + "\n")
+                next_nvml += nvml_interval_s
+            if metrics_status == "ok" and now >= next_metrics:
+                assert metrics_url is not None
+                with contextlib.suppress(httpx.HTTPError):
+                    r = client.get(metrics_url)
+                    if r.status_code == 200:
+                        f.write(json.dumps({"kind": "metrics", "t": time.monotonic(),
+                                            "values": parse_prometheus(r.text)}) + "\n")
+                next_metrics += metrics_interval_s
+            wake = min([x for x, on in ((next_nvml, nv is not None), (next_metrics, metrics_status == "ok")) if on],
+                       default=now + 0.5)
+            stop.wait(max(0.0, wake - time.monotonic()))
+    client.close()
+    if nv is not None:
+        with contextlib.suppress(Exception):
+            nv.nvmlShutdown()
+
+
+class Sampler:
+    """The sampler process around a measured run: ``start()`` before, ``stop()`` after, then ``summary()``."""
+
+    def __init__(self, out: Path, metrics_url: str | None, metrics_interval_s: float = 1.0,
+                 nvml_interval_s: float = 0.5) -> None:
+        self.out = out
+        self.cmd = [sys.executable, "-m", "phase6.serving.telemetry", "--out", str(out),
+                    "--metrics-interval", str(metrics_interval_s), "--nvml-interval", str(nvml_interval_s)]
+        if metrics_url:
+            self.cmd += ["--metrics-url", metrics_url]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:  # the status line says the first samples are on their way
+            if self.out.exists() and self.out.stat().st_size > 0:
+                return
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                raise RuntimeError(f"telemetry sampler exited with {self.proc.returncode}: {err[-500:]}")
+            time.sleep(0.05)
+        raise RuntimeError(f"telemetry sampler wrote nothing to {self.out} in {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def read_samples(path: Path) -> tuple[dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(status, nvml samples, metrics samples) from a sampler file."""
+    status: dict[str, str] = {"nvml": "unavailable: no samples", "metrics": "unavailable: no samples"}
+    nvml, metrics = [], []
+    if not path.exists():
+        return status, nvml, metrics
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        with contextlib.suppress(json.JSONDecodeError):
+            rec = json.loads(line)
+            if rec.get("kind") == "status":
+                status = {"nvml": rec["nvml"], "metrics": rec["metrics"]}
+            elif rec.get("kind") == "nvml":
+                nvml.append(rec)
+            elif rec.get("kind") == "metrics":
+                metrics.append(rec)
+    return status, nvml, metrics
+
+
+def summarize(path: Path, t_from: float, t_to: float) -> dict[str, Any]:
+    """Mean/max of each gauge, GPU util/memory, and counter deltas over [t_from, t_to] (monotonic seconds)."""
+    status, nvml, metrics = read_samples(path)
+    nvml = [s for s in nvml if t_from <= s["t"] <= t_to]
+    metrics_in = [s for s in metrics if t_from <= s["t"] <= t_to]
+    out: dict[str, Any] = {"nvml": status["nvml"], "metrics": status["metrics"]}
+    if nvml:
+        by_gpu: dict[int, list[dict[str, Any]]] = {}
+        for s in nvml:
+            for g in s["gpus"]:
+                by_gpu.setdefault(g["index"], []).append(g)
+        out["gpu"] = {
+            str(i): {"util_mean_pct": sum(g["util_pct"] for g in gs) / len(gs),
+                     "util_max_pct": max(g["util_pct"] for g in gs),
+                     "mem_max_gib": max(g["mem_used_gib"] for g in gs),
+                     "samples": len(gs)} for i, gs in sorted(by_gpu.items())}
+    if metrics_in:
+        for k in GAUGES:
+            vals = [s["values"][k] for s in metrics_in if k in s["values"]]
+            if vals:
+                out[f"server_{k}_mean"] = sum(vals) / len(vals)
+                out[f"server_{k}_max"] = max(vals)
+        # counters: last sample at or before the end minus the last sample before the start
+        before = [s for s in metrics if s["t"] < t_from] or metrics_in[:1]
+        first, last = before[-1]["values"], metrics_in[-1]["values"]
+        for k in last:
+            if k not in GAUGES and k in first:
+                out[f"server_delta_{k}"] = last[k] - first[k]
+        q_n = out.get("server_delta_queue_time_s_count")
+        if q_n:
+            out["server_queue_time_mean_ms"] = 1e3 * out["server_delta_queue_time_s_sum"] / q_n
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="phase6 serving telemetry sampler (NVML + Prometheus)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--metrics-url", default=None)
+    p.add_argument("--metrics-interval", type=float, default=1.0)
+    p.add_argument("--nvml-interval", type=float, default=0.5)
+    args = p.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    sample_loop(Path(args.out), args.metrics_url, args.metrics_interval, args.nvml_interval, stop)
+
+
+if __name__ == "__main__":
+    main()
