@@ -71,6 +71,12 @@ def plan(ctx: typer.Context, multirun: bool = MULTIRUN,
     run("plan", ctx.args + output, multirun)
 
 
+@app.command(context_settings=OVERRIDES)
+def fleet(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
+    """Simulate serving fleets on traces: goodput at SLO per policy/router, prefix hits, replicas, $, PD grid."""
+    run("fleet", ctx.args, multirun)
+
+
 @app.command("config", context_settings=OVERRIDES)
 def config_cmd(ctx: typer.Context, job: str = typer.Argument(..., help="job name, e.g. pretrain")) -> None:
     """Print the resolved and validated config of JOB with the given overrides."""

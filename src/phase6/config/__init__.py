@@ -163,6 +163,7 @@ JOBS: dict[str, JobSpec] = {
                             "6A: tokenize a corpus into llm.c shards (shard 0 = val) + manifest.json; resumable"),
     "dpo": JobSpec("phase6.config.dpo:DPORunConfig", "projects/6c_dpo/dpo.py:main", "LoRA-DPO/IPO/ORPO + battery + verdict"),
     "plan": JobSpec("phase6.config.plan:PlanRunConfig", "phase6.plan.job:main", "predict memory/comm/time, rank layouts"),
+    "fleet": JobSpec("phase6.config.fleet:FleetRunConfig", "phase6.fleet.run:main", "fleet simulation: goodput, routing, PD"),
 }
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
 
 WORKLOAD_KINDS = ("mooncake", "azure", "synthetic")
-STEP_TIME_SOURCES = ("roofline", "table")
+STEP_TIME_SOURCES = ("planner", "table")
 ROUTERS = ("round_robin", "least_loaded", "prefix_aware", "session_affinity")
 SIM_ENGINES = ("simpy", "heapq")
 KV_LINKS = ("internode", "nvlink")
@@ -100,18 +100,20 @@ class EngineConfig:
     """Fraction of HBM the engine may use; KV capacity = that minus the weights (vLLM --gpu-memory-utilization)."""
     kv_blocks: int | None = None
     """Override the KV capacity per replica in 512-token blocks (None = derived from memory)."""
-    step_time: str = "roofline"
-    """roofline (model + hardware, efficiencies below) | table (serve-bench measurements, see table_path)."""
+    step_time: str = "planner"
+    """planner (phase6.plan.serve.ServeCostModel roofline, efficiencies below) | table (serve-bench results.json)."""
     table_path: str | None = None
     """step_time=table: a serve-bench results.json (rows with concurrency, ttft_p50_ms, tpot_p50_ms)."""
     table_input_tokens: int | None = None
     """step_time=table: mean prompt tokens of the serve-bench run (prefill ms/token = TTFT@C=1 / this)."""
-    mfu: float = 0.5
-    """Roofline: fraction of peak bf16 FLOP/s a step achieves when compute-bound."""
-    mbu: float = 0.8
-    """Roofline: fraction of HBM bandwidth a step achieves when memory-bound."""
-    step_overhead_ms: float = 2.0
-    """Roofline: fixed per-step cost (scheduler, sampling, kernel launches), ms."""
+    prefill_mfu: float = 0.5
+    """Planner: fraction of peak bf16 FLOP/s a compute-bound step achieves (plan EfficiencyConfig.prefill_mfu)."""
+    decode_hbm_efficiency: float = 0.7
+    """Planner: fraction of HBM bandwidth a memory-bound step achieves (plan EfficiencyConfig)."""
+    runtime_overhead_gib: float = 1.5
+    """Planner: per-GPU memory outside weights and KV (CUDA context, NCCL buffers, activations), GiB."""
+    step_overhead_ms: float = 0.0
+    """Planner: fixed per-step cost (scheduler, sampling, launches), ms; calibrate from serve-bench TPOT at C=1."""
     bytes_per_param: float = 2.0
     """Weight bytes per parameter (2 = bf16)."""
     kv_bytes_per_elem: float = 2.0
@@ -120,7 +122,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         require(self.tp >= 1, "engine.tp", f"must be >= 1, got {self.tp}")
         require(self.max_num_seqs >= 1, "engine.max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
-        require(self.max_batched_tokens >= 1, "engine.max_batched_tokens", f"must be >= 1, got {self.max_batched_tokens}")
+        require(self.max_batched_tokens >= self.max_num_seqs, "engine.max_batched_tokens",
+                f"must be >= engine.max_num_seqs ({self.max_num_seqs}): each running sequence decodes one token a step, "
+                f"got {self.max_batched_tokens}")
         require(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization",
                 f"must be in (0, 1], got {self.gpu_memory_utilization}")
         require(self.kv_blocks is None or self.kv_blocks >= 1, "engine.kv_blocks", f"must be >= 1 or null, got {self.kv_blocks}")
@@ -130,8 +134,11 @@ class EngineConfig:
                 "step_time=table needs a serve-bench results.json")
         require(self.step_time != "table" or (self.table_input_tokens or 0) >= 1, "engine.table_input_tokens",
                 "step_time=table needs the mean prompt tokens of the measured run")
-        require(0 < self.mfu <= 1, "engine.mfu", f"must be in (0, 1], got {self.mfu}")
-        require(0 < self.mbu <= 1, "engine.mbu", f"must be in (0, 1], got {self.mbu}")
+        require(0 < self.prefill_mfu <= 1, "engine.prefill_mfu", f"must be in (0, 1], got {self.prefill_mfu}")
+        require(0 < self.decode_hbm_efficiency <= 1, "engine.decode_hbm_efficiency",
+                f"must be in (0, 1], got {self.decode_hbm_efficiency}")
+        require(self.runtime_overhead_gib >= 0, "engine.runtime_overhead_gib",
+                f"must be >= 0, got {self.runtime_overhead_gib}")
         require(self.step_overhead_ms >= 0, "engine.step_overhead_ms", f"must be >= 0, got {self.step_overhead_ms}")
         require(self.bytes_per_param > 0, "engine.bytes_per_param", f"must be > 0, got {self.bytes_per_param}")
         require(self.kv_bytes_per_elem > 0, "engine.kv_bytes_per_elem", f"must be > 0, got {self.kv_bytes_per_elem}")
@@ -181,7 +188,7 @@ class LoadConfig:
     """The load sweep: absolute request rates (open loop) or concurrencies (closed loop)."""
 
     rates: list[float] = field(default_factory=lambda: [2.0, 4.0, 8.0, 16.0])
-    """Mean arrival rates, req/s: the workload's timestamps are rescaled to each (trace shape kept)."""
+    """Mean arrival rates, req/s: the workload's timestamps are rescaled to each (trace shape kept); [] = no sweep."""
     mode: str = "open"
     """open (arrivals from the timestamps) | closed (load.concurrency clients, next request on completion)."""
     concurrency: list[int] = field(default_factory=lambda: [1, 16, 64])
@@ -189,10 +196,10 @@ class LoadConfig:
 
     def __post_init__(self) -> None:
         require(self.mode in ("open", "closed"), "load.mode", f"must be open or closed, got {self.mode!r}")
-        require(self.mode != "open" or (len(self.rates) > 0 and all(r > 0 for r in self.rates)), "load.rates",
-                f"must be a non-empty list of rates > 0 req/s, got {self.rates}")
-        require(self.mode != "closed" or (len(self.concurrency) > 0 and all(c >= 1 for c in self.concurrency)),
-                "load.concurrency", f"must be a non-empty list of integers >= 1, got {self.concurrency}")
+        require(all(r > 0 for r in self.rates), "load.rates",
+                f"must be rates > 0 req/s (an empty list skips the sweep), got {self.rates}")
+        require(all(c >= 1 for c in self.concurrency), "load.concurrency",
+                f"must be integers >= 1 (an empty list skips the sweep), got {self.concurrency}")
 
 
 @dataclass
@@ -234,6 +241,10 @@ class AnalysisConfig:
     """Requests per simulated rate point of the grid."""
     rate_search_steps: int = 8
     """Bisection steps of a max-rate search."""
+    compare_with: str | None = None
+    """A `phase6 serve-bench` results.json: replay its closed-loop rows in the simulator and report the errors."""
+    compare_calibrate: bool = True
+    """Fit step overhead and prefill MFU on the lowest-concurrency row before predicting the others."""
 
     def __post_init__(self) -> None:
         require(self.target_rate is None or self.target_rate > 0, "analysis.target_rate", f"must be > 0, got {self.target_rate}")

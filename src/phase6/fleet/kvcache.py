@@ -11,16 +11,14 @@ Model (vLLM's automatic prefix caching at Mooncake's 512-token granularity):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 
 
 class PrefixCache:
     """Block accounting of one replica; every count is in blocks."""
 
-    __slots__ = ("capacity", "free", "ref", "lru", "on_insert", "on_evict", "evictions")
+    __slots__ = ("capacity", "free", "ref", "lru", "index", "rid", "evictions")
 
-    def __init__(self, capacity: int, on_insert: Callable[[int], None] | None = None,
-                 on_evict: Callable[[int], None] | None = None) -> None:
+    def __init__(self, capacity: int, index: dict[int, set[int]] | None = None, rid: int = 0) -> None:
         assert capacity >= 1
         self.capacity = capacity
         self.free = capacity
@@ -29,7 +27,8 @@ class PrefixCache:
         """Cached block id -> number of running requests using it (0 = evictable, then also in lru)."""
         self.lru: OrderedDict[int, None] = OrderedDict()
         """Evictable cached blocks, least recently released first."""
-        self.on_insert, self.on_evict = on_insert, on_evict
+        self.index, self.rid = index, rid
+        """Optional fleet-wide map block id -> replicas caching it (for the prefix-aware router), kept in sync."""
         self.evictions = 0
 
     def match(self, hash_ids: tuple[int, ...]) -> int:
@@ -48,20 +47,28 @@ class PrefixCache:
         Returns False and changes nothing when the blocks do not fit.
         """
         ref, lru = self.ref, self.lru
-        pinned_evictable = sum(1 for b in hash_ids[:hit] if ref[b] == 0)
-        if self.free + len(lru) - pinned_evictable < private:
-            return False
+        # Fast sufficient check (as if every hit block were evictable), exact count only when it is tight.
+        if self.free + len(lru) - hit < private:
+            pinned_evictable = sum(1 for b in hash_ids[:hit] if ref[b] == 0)
+            if self.free + len(lru) - pinned_evictable < private:
+                return False
         for b in hash_ids[:hit]:
             if ref[b] == 0:
                 del lru[b]
             ref[b] += 1
-        while self.free < private:
-            b, _ = lru.popitem(last=False)
-            del ref[b]
-            self.free += 1
-            self.evictions += 1
-            if self.on_evict is not None:
-                self.on_evict(b)
+        if self.free < private:
+            index, rid = self.index, self.rid
+            n = private - self.free
+            for _ in range(n):
+                b, _ = lru.popitem(last=False)
+                del ref[b]
+                if index is not None:
+                    s = index[b]
+                    s.discard(rid)
+                    if not s:
+                        del index[b]
+            self.free += n
+            self.evictions += n
         self.free -= private
         return True
 
@@ -70,13 +77,17 @@ class PrefixCache:
 
         If another request cached the same id meanwhile, that copy is shared and ours is freed.
         """
-        ref, lru = self.ref, self.lru
+        ref, lru, index, rid = self.ref, self.lru, self.index, self.rid
         for b in hash_ids[hit:]:
             c = ref.get(b)
             if c is None:
                 ref[b] = 1
-                if self.on_insert is not None:
-                    self.on_insert(b)
+                if index is not None:
+                    s = index.get(b)
+                    if s is None:
+                        index[b] = {rid}
+                    else:
+                        s.add(rid)
             else:
                 if c == 0:
                     del lru[b]

@@ -132,24 +132,7 @@ class Replica:
     def __init__(self, rid: int, role: str, sim: Simulation, limits: EngineLimits) -> None:
         self.rid, self.role, self.sim = rid, role, sim
         self.max_seqs, self.budget = limits.max_num_seqs, limits.max_batched_tokens
-        on_ins = on_ev = None
-        if sim.index is not None and role != "decode":
-            idx = sim.index
-
-            def on_ins(b: int) -> None:
-                s = idx.get(b)
-                if s is None:
-                    idx[b] = {rid}
-                else:
-                    s.add(rid)
-
-            def on_ev(b: int) -> None:
-                s = idx[b]
-                s.discard(rid)
-                if not s:
-                    del idx[b]
-
-        self.cache = PrefixCache(limits.kv_blocks, on_ins, on_ev)
+        self.cache = PrefixCache(limits.kv_blocks, sim.index if role != "decode" else None, rid)
         self.waiting: deque[_Req] = deque()  # routed here, not admitted
         self.prefilling: deque[_Req] = deque()  # admitted, prompt not finished
         self.ready: list[_Req] = []  # decode role: KV arrived, joins at the next step

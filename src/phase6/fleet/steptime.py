@@ -4,8 +4,8 @@ A step processes ``prefill_tokens`` new prompt tokens (chunked prefill, ``prefil
 attention) and one token for each of ``decode_seqs`` running sequences whose contexts sum to ``decode_ctx`` tokens.
 
 Two sources:
-- :class:`RooflineStepTime`: max(compute, memory) + tensor-parallel all-reduces + a fixed per-step overhead, from
-  the planner's model shapes (``phase6.plan.model.ModelSpec``) and the hardware config. Formulas below.
+- ``planner``: the planner's roofline ``phase6.plan.serve.ServeCostModel`` (max(compute, memory) + TP all-reduces +
+  per-step overhead; formulas in its docstring and docs/cost_model.md) -- one latency model for plan and fleet.
 - :class:`TableStepTime`: measured by ``phase6 serve-bench`` (TTFT at concurrency 1 -> prefill ms per prompt token;
   TPOT at each concurrency C -> decode step ms at batch C, linear in between).
 
@@ -22,8 +22,11 @@ from typing import Protocol
 
 from phase6.config import HardwareConfig
 from phase6.config.fleet import EngineConfig
+from phase6.config.plan import EfficiencyConfig
 from phase6.fleet.workload import BLOCK_TOKENS
+from phase6.plan.memory import serve_memory
 from phase6.plan.model import ModelSpec
+from phase6.plan.serve import ServeCostModel
 
 
 class StepTimeModel(Protocol):
@@ -39,74 +42,6 @@ class StepTimeModel(Protocol):
 def prefill_pairs(done: int, chunk: int) -> float:
     """Causal attention (query, key) pairs of a prefill chunk of ``chunk`` tokens after ``done`` computed ones."""
     return chunk * done + chunk * (chunk + 1) / 2
-
-
-def _arith(a: float, b: float, j0: int, j1: int) -> float:
-    """Sum_{j=j0}^{j1-1} (a + b j)."""
-    n = j1 - j0
-    return n * a + b * n * (j0 + j1 - 1) / 2 if n > 0 else 0.0
-
-
-class RooflineStepTime:
-    """Roofline step time of a TP replica.
-
-    compute  = (2·N_matmul·(prefill_tokens + decode_seqs) + 4·L·H·Q·(prefill_pairs + decode_ctx)) / (tp·peak·mfu)
-    memory   = (weight_bytes + kv_bytes_per_token · decode_ctx) / (tp·hbm_bw·mbu)
-    allreduce= 2·L·(latency + 2(tp-1)/tp · tokens·hidden·2 B / nvlink_bw)      (tp > 1; two per block, Megatron TP)
-    step     = max(compute, memory) + allreduce + overhead
-
-    Forward FLOPs 2N + 4·L·H·Q·context per token are the planner's ``forward_flops_per_token``; all weights are read
-    once per step (for MoE this over-counts at small batch). Prefill KV reads and KV writes are left out (prefill
-    is compute-bound). Exact single-request numbers: TTFT = step_s(L, pairs(0, L), 0, 0) when L fits the token
-    budget; decode step g (g = 1..O-1) = step_s(0, 0, 1, L + g).
-    """
-
-    def __init__(self, spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> None:
-        tp = engine.tp
-        if tp > hardware.gpus_per_node:
-            raise ValueError(f"engine.tp: {tp} exceeds hardware.gpus_per_node {hardware.gpus_per_node} "
-                             "(a replica is one node here)")
-        if spec.num_heads % tp:
-            raise ValueError(f"engine.tp: {tp} does not divide {spec.name}'s {spec.num_heads} attention heads")
-        self.spec, self.hardware, self.engine = spec, hardware, engine
-        self.mm_flops_per_token = 2.0 * spec.num_matmul_params()
-        self.attn_flops_per_pair = 4.0 * spec.num_layers * spec.num_heads * spec.head_dim
-        self.flops_per_s = tp * hardware.peak_bf16_tflops * 1e12 * engine.mfu
-        self.bytes_per_s = tp * hardware.hbm_tbps * 1e12 * engine.mbu
-        self.weight_bytes = spec.num_params() * engine.bytes_per_param
-        self.kv_bytes_per_token = spec.kv_cache_bytes_per_token(engine.kv_bytes_per_elem)
-        if tp > 1:
-            self.ar_fixed_s = 2 * spec.num_layers * hardware.intranode_latency_us * 1e-6
-            self.ar_per_token_s = (2 * spec.num_layers * 2 * (tp - 1) / tp * spec.hidden_size * 2.0
-                                   / (hardware.nvlink_gbps * 1e9))
-        else:
-            self.ar_fixed_s = self.ar_per_token_s = 0.0
-        self.overhead_s = engine.step_overhead_ms * 1e-3
-
-    def step_s(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx: int) -> float:
-        tokens = prefill_tokens + decode_seqs
-        compute = (self.mm_flops_per_token * tokens + self.attn_flops_per_pair * (prefill_pairs + decode_ctx)) \
-            / self.flops_per_s
-        memory = (self.weight_bytes + self.kv_bytes_per_token * decode_ctx) / self.bytes_per_s
-        return max(compute, memory) + self.ar_fixed_s + self.ar_per_token_s * tokens + self.overhead_s
-
-    def decode_run_s(self, decode_seqs: int, decode_ctx: int, num_steps: int) -> float:
-        d, s, k = decode_seqs, decode_ctx, num_steps
-        # step j: compute c0 + c1 j, memory m0 + m1 j (context grows by d per step); the max switches at most once.
-        c0 = (self.mm_flops_per_token * d + self.attn_flops_per_pair * s) / self.flops_per_s
-        c1 = self.attn_flops_per_pair * d / self.flops_per_s
-        m0 = (self.weight_bytes + self.kv_bytes_per_token * s) / self.bytes_per_s
-        m1 = self.kv_bytes_per_token * d / self.bytes_per_s
-        const = k * (self.ar_fixed_s + self.ar_per_token_s * d + self.overhead_s)
-        if c1 == m1:
-            split = 0 if c0 >= m0 else k  # compute-bound on [0, split)
-        else:
-            cross = (m0 - c0) / (c1 - m1)  # compute >= memory for j >= cross if c1 > m1, else for j <= cross
-            if c1 > m1:
-                first = min(max(math.ceil(cross), 0), k)
-                return _arith(m0, m1, 0, first) + _arith(c0, c1, first, k) + const
-            split = min(max(math.floor(cross) + 1, 0), k)
-        return _arith(c0, c1, 0, split) + _arith(m0, m1, split, k) + const
 
 
 def _interp(points: list[tuple[float, float]], x: float) -> float:
@@ -164,7 +99,7 @@ SERVE_BENCH_KEYS = ("concurrency", "ttft_p50_ms", "tpot_p50_ms")
 
 
 def read_serve_bench_rows(path: str | Path) -> list[dict]:
-    """The closed-loop rows of a serve-bench results.json that carry concurrency, TTFT p50 and TPOT p50."""
+    """The closed-loop rows (concurrency set) of a serve-bench results.json, each with TTFT p50 and TPOT p50."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{p}: serve-bench results.json not found")
@@ -177,24 +112,52 @@ def read_serve_bench_rows(path: str | Path) -> list[dict]:
         raise ValueError(f"{p}: expected a phase6 results.json with a non-empty 'rows' list")
     out = []
     for i, r in enumerate(rows):
-        missing = [k for k in SERVE_BENCH_KEYS if not isinstance(r.get(k), (int, float))]
+        if not isinstance(r, dict) or r.get("concurrency") is None:
+            continue  # open-loop (request-rate) rows have no fixed concurrency to replay
+        missing = [k for k in SERVE_BENCH_KEYS if not isinstance(r.get(k), (int, float)) or not math.isfinite(r[k])]
         if missing:
             raise ValueError(f"{p}: rows[{i}] lacks numeric {', '.join(missing)}")
         out.append(r)
+    if not out:
+        raise ValueError(f"{p}: no closed-loop rows (with a concurrency) to compare with")
     return out
 
 
+def efficiency(engine: EngineConfig) -> EfficiencyConfig:
+    """The planner's efficiency assumptions, taken from the fleet engine config."""
+    return EfficiencyConfig(prefill_mfu=engine.prefill_mfu, decode_hbm_efficiency=engine.decode_hbm_efficiency,
+                            gpu_memory_utilization=engine.gpu_memory_utilization,
+                            runtime_overhead_gib=engine.runtime_overhead_gib)
+
+
+def planner_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> ServeCostModel:
+    """The planner's serving step-time model for one replica of ``engine.tp`` GPUs."""
+    if engine.tp > hardware.gpus_per_node:
+        raise ValueError(f"engine.tp: {engine.tp} exceeds hardware.gpus_per_node {hardware.gpus_per_node} "
+                         "(a replica is one node here)")
+    return ServeCostModel(spec, hardware, tp=engine.tp, efficiency=efficiency(engine),
+                          weight_bytes=engine.bytes_per_param, kv_bytes=engine.kv_bytes_per_elem,
+                          step_overhead_ms=engine.step_overhead_ms)
+
+
+def build_step_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> StepTimeModel:
+    """engine.step_time=planner -> ServeCostModel; =table -> TableStepTime from a serve-bench results.json."""
+    if engine.step_time == "table":
+        assert engine.table_path is not None and engine.table_input_tokens is not None
+        return TableStepTime.from_serve_bench(engine.table_path, engine.table_input_tokens)
+    return planner_model(spec, hardware, engine)
+
+
 def kv_capacity_blocks(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> int:
-    """512-token KV blocks one replica holds: tp · HBM · gpu_memory_utilization minus the weights."""
+    """512-token KV blocks one replica holds (planner's serve_memory: utilisation x HBM - weights - overhead)."""
     if engine.kv_blocks is not None:
         return engine.kv_blocks
-    usable = engine.tp * hardware.hbm_gib * 2**30 * engine.gpu_memory_utilization
-    weights = spec.num_params() * engine.bytes_per_param
-    per_block = spec.kv_cache_bytes_per_token(engine.kv_bytes_per_elem) * BLOCK_TOKENS
-    blocks = int((usable - weights) // per_block)
+    mem = serve_memory(spec, engine.tp, 1, BLOCK_TOKENS, hardware.hbm_gib, engine.gpu_memory_utilization,
+                       engine.runtime_overhead_gib, engine.bytes_per_param, engine.kv_bytes_per_elem)
+    blocks = int(mem.kv_capacity_tokens // BLOCK_TOKENS)
     if blocks < 1:
-        raise ValueError(f"engine.tp: {spec.name} weights ({weights / 2**30:.1f} GiB) leave no KV memory in "
-                         f"{engine.tp} x {hardware.hbm_gib} GiB x {engine.gpu_memory_utilization} ({hardware.name}); "
+        raise ValueError(f"engine.tp: {spec.name} weights ({mem.weights_bytes / 2**30:.1f} GiB per GPU) leave no KV "
+                         f"memory in {hardware.hbm_gib} GiB x {engine.gpu_memory_utilization} ({hardware.name}); "
                          "raise engine.tp")
     return blocks
 
