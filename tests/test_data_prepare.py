@@ -16,7 +16,7 @@ from phase6.config.data import DataConfig
 from phase6.data.loader import ShardLoader
 from phase6.data.prepare import PROGRESS_NAME, ensure_prepared, prepare_shards, verify
 from phase6.data.shards import list_shards, load_manifest, read_shard
-from phase6.data.sources import hf_documents, local_documents
+from phase6.data.sources import hf_documents, local_documents, resolve_hf_revision
 from phase6.data.tokenizer import BYTE_EOT, load_data_tokenizer
 
 VAL, SHARD = 1000, 1500
@@ -204,6 +204,23 @@ def test_txt_parquet_jsonl_and_hf_streaming_agree(tmp_path: Path, corpus: tuple[
     for path, out in ((tmp_path / "corpus.parquet", "b"), (txt_dir, "c")):
         m = prepare_shards(_cfg(tmp_path, path, out), show_progress=False)
         assert [s.sha256 for s in m.shards] == [s.sha256 for s in ref.shards]
+    # the whole prep through the HF streaming source (what fineweb-edu uses), on the local parquet
+    hf = _cfg(
+        tmp_path, src, "d", source="hf", local_path=None, dataset="parquet", data_files=str(tmp_path / "corpus.parquet")
+    )
+    m = prepare_shards(hf, show_progress=False)
+    assert [s.sha256 for s in m.shards] == [s.sha256 for s in ref.shards]
+    assert m.source.startswith("hf:parquet/") and m.revision.startswith("sha256:")
+
+
+def test_hub_revision_is_pinned_or_the_error_says_how() -> None:
+    sha = "a" * 40
+    assert resolve_hf_revision("HuggingFaceFW/fineweb-edu", sha) == sha  # a commit sha needs no network
+    with pytest.raises(ValueError, match=r"^data.revision: could not resolve HuggingFaceFW/fineweb-edu@main"):
+        resolve_hf_revision("HuggingFaceFW/fineweb-edu", None)  # HF_HUB_OFFLINE=1 in tests
+    cfg = DataConfig(source="fineweb-edu")
+    assert cfg.hf_dataset() == ("HuggingFaceFW/fineweb-edu", "sample-10BT")
+    assert DataConfig(source="fineweb").hf_dataset() == ("HuggingFaceFW/fineweb", "sample-10BT")
 
 
 def test_bad_rows_are_named(tmp_path: Path) -> None:

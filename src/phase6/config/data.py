@@ -37,6 +37,9 @@ class DataConfig:
     """HF dataset repo for source=hf; fineweb-edu / fineweb fill it (HuggingFaceFW/...)."""
     subset: str | None = None
     """HF dataset config name (subset), e.g. 'sample-10BT'; fineweb-edu / fineweb default to sample-10BT."""
+    data_files: str | None = None
+    """HF ``data_files``: a subset of the repo's files (e.g. 'sample/10BT/000_00000.parquet'), or with
+    dataset=parquet|json a local file/glob of the same schema (the streaming code path, offline)."""
     split: str = "train"
     """HF split streamed from (the val shard is cut from the head of this stream, as in llm.c)."""
     revision: str | None = None

@@ -7,6 +7,7 @@ documents it already wrote. A bad row is a ValueError naming the file (or datase
 from __future__ import annotations
 
 import ast
+import glob
 import hashlib
 import json
 import platform
@@ -40,7 +41,13 @@ class Source:
             assert cfg.local_path is not None
             return local_documents(local_files(cfg.local_path), cfg.text_column)
         repo, subset = cfg.hf_dataset()
-        return hf_documents(repo, subset, cfg.split, self.revision, cfg.text_column)
+        revision = self.revision if is_hub_repo(repo) else None
+        return hf_documents(repo, subset, cfg.split, revision, cfg.text_column, cfg.data_files)
+
+
+def is_hub_repo(dataset: str) -> bool:
+    """'owner/name' is a Hub dataset repo; a bare name ('parquet', 'json') is a packaged builder over data_files."""
+    return "/" in dataset and not Path(dataset).exists()
 
 
 def resolve_source(cfg: DataConfig) -> Source:
@@ -57,8 +64,16 @@ def resolve_source(cfg: DataConfig) -> Source:
         files = local_files(cfg.local_path)
         return Source(f"local:{Path(cfg.local_path).resolve()}", local_revision(files), count_local_docs(files), cfg)
     repo, subset = cfg.hf_dataset()
-    revision = resolve_hf_revision(repo, cfg.revision)
-    return Source(f"hf:{repo}/{subset or 'default'}/{cfg.split}", revision, None, cfg)
+    files = f"/{cfg.data_files}" if cfg.data_files else ""
+    label = f"hf:{repo}/{subset or 'default'}/{cfg.split}{files}"
+    if is_hub_repo(repo):
+        return Source(label, resolve_hf_revision(repo, cfg.revision), None, cfg)
+    if not cfg.data_files:
+        raise ValueError(f"data.data_files: is required for the packaged builder data.dataset={repo!r}")
+    matched = sorted(Path(p) for p in glob.glob(cfg.data_files))
+    if not matched:
+        raise ValueError(f"{cfg.data_files}: data.data_files matches no file")
+    return Source(label, local_revision(matched), None, cfg)
 
 
 # ---------------------------------------------------------------------------------------------------- embedded
@@ -221,7 +236,9 @@ def hf_documents(
     """
     import datasets
 
-    ds = datasets.load_dataset(repo, name=subset, split=split, streaming=True, revision=revision, data_files=data_files)
+    # data_files picks the files itself; a subset (config name) on top of it would select a second file list
+    name = subset if data_files is None else None
+    ds = datasets.load_dataset(repo, name=name, split=split, streaming=True, revision=revision, data_files=data_files)
     if ds.column_names is not None and text_column not in ds.column_names:
         raise ValueError(f"{repo}: no column {text_column!r} (data.text_column); columns: {ds.column_names}")
     for row_index, row in enumerate(ds.select_columns([text_column])):
