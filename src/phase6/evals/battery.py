@@ -125,7 +125,7 @@ def write_local_task(task: LocalTask, task_dir: str | Path) -> Path:
             "doc_to_target": "{{target}}",
             "generation_kwargs": {"until": list(task.until), "do_sample": False, "max_gen_toks": task.max_gen_toks},
             "filter_list": [
-                {"name": "strip", "filter": [{"function": "strip_whitespace"}, {"function": "take_first"}]}
+                {"name": "strip", "filter": [{"function": "remove_whitespace"}, {"function": "take_first"}]}
             ],
             "metric_list": [
                 {"metric": "exact_match", "aggregation": "mean", "higher_is_better": True, "ignore_case": False}

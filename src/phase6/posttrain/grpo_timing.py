@@ -1,0 +1,165 @@
+"""Where each second of a GRPO step goes: an exclusive-time phase timer, per-step breakdown rows, the stacked figure.
+
+A step is the wall-clock between two consecutive optimizer-step ends (the first starts at train begin), so the steps
+add up to the whole training loop. Inside it, named phases are timed with ``with timer.phase(name)``; phases nest
+(rollout runs inside the trainer's ``training_step``, which is timed as ``policy_update``) and each second is charged
+to the innermost phase only, so no second is counted twice. ``other`` is the step minus every named phase, hence
+``sum(phases) == step`` holds by construction, and a negative ``other`` (double counting) is an assertion failure.
+Phase boundaries synchronize CUDA, otherwise asynchronous kernels would be charged to whichever phase waits for them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Fixed phase names, in the order of the table and of the stacked bars.
+ROLLOUT = "rollout"
+WEIGHT_SYNC = "weight_sync"
+BEHAVIOUR_LOGPROBS = "behaviour_logprobs"
+REWARD = "reward"
+REF_LOGPROBS = "ref_logprobs"
+POLICY_UPDATE = "policy_update"
+THROUGHPUT_PROBE = "throughput_probe"
+OTHER = "other"
+PHASES = (ROLLOUT, WEIGHT_SYNC, BEHAVIOUR_LOGPROBS, REWARD, REF_LOGPROBS, POLICY_UPDATE, THROUGHPUT_PROBE, OTHER)
+PHASE_HELP = {
+    ROLLOUT: "engine generation of the step's completions",
+    WEIGHT_SYNC: "snapshot of the policy (staleness > 0) + push of the target version into the engine",
+    BEHAVIOUR_LOGPROBS: "HF engine only: scoring forward for the sampled tokens' log-probs (vLLM returns them)",
+    REWARD: "reward functions",
+    REF_LOGPROBS: "no-grad trainer forwards: reference model (beta > 0) and current-policy log-probs (IS/staleness)",
+    POLICY_UPDATE: "loss forward + backward of every micro-batch + optimizer step",
+    THROUGHPUT_PROBE: "probe steps only: the same prompts through plain HF generate, for the tokens/s comparison",
+    OTHER: "the rest: tokenization, padding, advantages, grad clipping, logging, data loading",
+}
+
+
+def cuda_sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+@dataclass
+class _Open:
+    name: str
+    start: float
+    children: float = 0.0
+
+
+@dataclass
+class PhaseTimer:
+    """Exclusive-time accounting of named phases inside step windows."""
+
+    sync: Callable[[], None] = cuda_sync
+    clock: Callable[[], float] = time.perf_counter
+    _stack: list[_Open] = field(default_factory=list)
+    _totals: dict[str, float] = field(default_factory=dict)
+    _window_start: float | None = None
+    intervals: list[tuple[str, float, float]] = field(default_factory=list)
+    """Every closed phase as (name, start, end) on ``clock`` (for the GPU-utilization timeline)."""
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        assert name in PHASES, name
+        self.sync()
+        self._stack.append(_Open(name, self.clock()))
+        try:
+            yield
+        finally:
+            self.sync()
+            end = self.clock()
+            opened = self._stack.pop()
+            assert opened.name == name, (opened.name, name)
+            duration = end - opened.start
+            self._totals[name] = self._totals.get(name, 0.0) + duration - opened.children
+            if self._stack:
+                self._stack[-1].children += duration
+            self.intervals.append((name, opened.start, end))
+
+    def reassign(self, src: str, dst: str, seconds: float) -> None:
+        """Move ``seconds`` measured inside phase ``src`` to ``dst`` (a sub-interval the callee timed itself)."""
+        assert dst in PHASES and 0 <= seconds <= self._totals.get(src, 0.0) + 1e-9, (src, dst, seconds)
+        self._totals[src] = self._totals.get(src, 0.0) - seconds
+        self._totals[dst] = self._totals.get(dst, 0.0) + seconds
+
+    def start_window(self) -> None:
+        self.sync()
+        self._window_start = self.clock()
+        self._totals = {}
+
+    def end_window(self) -> dict[str, float]:
+        """Close the step: seconds per phase (all of PHASES), ``other`` = remainder, plus ``step``; starts the next."""
+        assert self._window_start is not None, "start_window() first"
+        assert not self._stack, f"phases still open at step end: {[o.name for o in self._stack]}"
+        self.sync()
+        now = self.clock()
+        step = now - self._window_start
+        row = {p: self._totals.get(p, 0.0) for p in PHASES}
+        named = sum(v for k, v in row.items() if k != OTHER)
+        row[OTHER] += step - named
+        assert row[OTHER] >= -1e-6, f"phases add up to more than the step ({named:.6f} > {step:.6f} s)"
+        row["step"] = step
+        self._window_start = now
+        self._totals = {}
+        return row
+
+
+def summarize(rows: list[dict[str, float]], skip_first: int = 1) -> list[dict[str, Any]]:
+    """Table rows ``phase | mean s/step | share of step %`` over the steps after ``skip_first`` (compile/warm-up)."""
+    use = rows[skip_first:] if len(rows) > skip_first else rows
+    if not use:
+        return []
+    total = sum(r["step"] for r in use)
+    out = []
+    for p in PHASES:
+        seconds = sum(r[p] for r in use)
+        out.append(
+            {
+                "phase": p,
+                "mean_s_per_step": seconds / len(use),
+                "share_pct": 100 * seconds / total if total else 0.0,
+                "what": PHASE_HELP[p],
+            }
+        )
+    out.append(
+        {
+            "phase": "step",
+            "mean_s_per_step": total / len(use),
+            "share_pct": 100.0,
+            "what": f"mean over steps {skip_first + 1}..{skip_first + len(use)}",
+        }
+    )
+    return out
+
+
+def plot_breakdown(rows: list[dict[str, float]], path: Path) -> Path:
+    """Stacked bars: seconds per phase for every step (the bar heights are the step times)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.25 * len(rows) + 3), 4))
+    steps = list(range(1, len(rows) + 1))
+    bottom = [0.0] * len(rows)
+    for p in PHASES:
+        values = [r[p] for r in rows]
+        if any(v > 0 for v in values):
+            ax.bar(steps, values, bottom=bottom, label=p, width=0.85)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("seconds")
+    ax.set_title("GRPO step-time breakdown")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
