@@ -188,7 +188,11 @@ class PlanRunConfig:
             require(prod == self.gpus, "gpus", f"plan.dp*tp*pp*cp = {prod} != gpus = {self.gpus}")
         # Fail before any work: the model must parse (missing fields name the file) and a legal layout must exist.
         from phase6.plan.model import resolve_model
+        from phase6.plan.profile import read_profile
         from phase6.plan.recommend import layouts
+
+        if self.plan.profile:
+            read_profile(self.plan.profile)
 
         spec = resolve_model(self.model, self.plan.hf_config)
         layouts(

@@ -1,0 +1,114 @@
+"""Memory per GPU: 16 B/param mixed-precision Adam and its ZeRO divisions, Korthikanti activations, serving fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from phase6.plan.memory import (
+    GIB,
+    ParallelLayout,
+    TrainSetup,
+    activation_bytes_per_layer,
+    serve_memory,
+    train_memory,
+    zero_state_bytes,
+)
+from phase6.plan.model import ModelSpec, resolve_model
+
+PSI = 7.5e9  # the ZeRO paper's worked example: 7.5B params, N_d = 64 (arXiv 1910.02054 Figure 1)
+
+
+def test_mixed_precision_adam_is_16_bytes_per_param() -> None:
+    p, g, o = zero_state_bytes(PSI, 0, 64)
+    assert (p, g, o) == (2 * PSI, 2 * PSI, 12 * PSI)
+    assert (p + g + o) / 1e9 == pytest.approx(120.0)  # "120GB" in the paper
+
+
+@pytest.mark.parametrize("stage,expected_gb", [(1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_stages_match_the_paper(stage: int, expected_gb: float) -> None:
+    total = sum(zero_state_bytes(PSI, stage, 64))
+    hand = {1: 4 * PSI + 12 * PSI / 64, 2: 2 * PSI + 14 * PSI / 64, 3: 16 * PSI / 64}[stage]
+    assert total == pytest.approx(hand)
+    assert total / 1e9 == pytest.approx(expected_gb, abs=0.06)
+
+
+def test_bad_zero_stage() -> None:
+    with pytest.raises(ValueError, match="zero stage"):
+        zero_state_bytes(1.0, 4, 2)
+
+
+def gpt2_like(h: int = 768, a: int = 12, L: int = 12) -> ModelSpec:
+    return ModelSpec.gpt2(L, a, h, vocab_size=50304, block_size=1024)
+
+
+def test_activations_reduce_to_korthikanti_34_plus_5as_over_h() -> None:
+    m = gpt2_like()
+    s, b, h, a = 1024, 8, 768, 12
+    got = activation_bytes_per_layer(m, s, b, flash_attention=False, dropout=True)
+    assert got == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+    # tensor + sequence parallel divides every term by t (Korthikanti eq. with SP)
+    assert activation_bytes_per_layer(m, s, b, tp=4, flash_attention=False, dropout=True) == pytest.approx(got / 4)
+
+
+def test_flash_attention_removes_the_score_matrix() -> None:
+    m = gpt2_like()
+    s, b, h, a = 1024, 8, 768, 12
+    flash = activation_bytes_per_layer(m, s, b, flash_attention=True, dropout=False)
+    # 32·sbh (34 minus two dropout masks) plus the fp32 log-sum-exp (4 B per row and head)
+    assert flash == pytest.approx(32 * s * b * h + 4 * s * b * a)
+
+
+def test_activation_checkpointing_keeps_only_block_inputs() -> None:
+    m = resolve_model("llama3.1-8b")
+    lay = ParallelLayout(dp=8)
+    no_ac = train_memory(m, lay, TrainSetup(seq_len=4096, global_batch_tokens=8 * 4096, zero=3))
+    ac = train_memory(
+        m, lay, TrainSetup(seq_len=4096, global_batch_tokens=8 * 4096, zero=3, activation_checkpointing=True)
+    )
+    per_layer = activation_bytes_per_layer(m, 4096, 1)
+    assert no_ac.activations == pytest.approx(32 * per_layer)
+    assert ac.activations == pytest.approx(32 * 2 * 4096 * 4096 + per_layer)
+    assert ac.total < no_ac.total
+
+
+def test_train_memory_shards_states_over_dp_and_tp() -> None:
+    m = resolve_model("llama3.1-8b")
+    setup = TrainSetup(seq_len=2048, global_batch_tokens=2048 * 8, zero=3)
+    one = train_memory(m, ParallelLayout(dp=8), setup)
+    assert one.params + one.grads + one.optimizer == pytest.approx(16 * m.num_params() / 8)
+    tp2 = train_memory(m, ParallelLayout(dp=4, tp=2), setup)
+    assert tp2.params + tp2.grads + tp2.optimizer == pytest.approx(16 * m.num_params() / 8)
+
+
+def test_pipeline_schedules_hold_different_microbatch_counts() -> None:
+    m = resolve_model("llama3.1-8b")
+    lay = ParallelLayout(dp=1, pp=4)
+    kw = dict(seq_len=2048, global_batch_tokens=2048 * 16, zero=1)
+    gpipe = train_memory(m, lay, TrainSetup(pp_schedule="gpipe", **kw)).activations
+    onef = train_memory(m, lay, TrainSetup(pp_schedule="1f1b", **kw)).activations
+    inter = train_memory(m, lay, TrainSetup(pp_schedule="interleaved", virtual_stages=2, **kw)).activations
+    per_layer = activation_bytes_per_layer(m, 2048, 1)
+    assert gpipe == pytest.approx(8 * 16 * per_layer)  # 8 layers/stage x all 16 micro-batches
+    assert onef == pytest.approx(8 * 4 * per_layer)  # x p = 4 in flight
+    assert inter == pytest.approx(onef * (1 + 3 / 8))
+
+
+def test_llama70b_bf16_serving_fit_on_80gb() -> None:
+    m = resolve_model("llama3.1-70b")
+    kw = dict(context_len=8192, hbm_gib=80, gpu_memory_utilization=0.9, overhead_gib=1.5)
+    one = serve_memory(m, 1, 1, **kw)
+    assert one.weights_bytes == pytest.approx(m.num_params() * 2) and one.weights_bytes / GIB > 80
+    assert not one.fits
+    for tp in (2, 4):
+        mem = serve_memory(m, tp, 1, **kw)
+        assert mem.fits, tp
+        assert mem.weights_bytes == pytest.approx(m.num_params() * 2 / tp)
+        assert mem.kv_bytes_per_token == 327_680 / tp
+
+
+def test_kv_heads_replicate_beyond_their_count() -> None:
+    qwen = resolve_model("qwen2.5-7b")  # 4 KV heads: tp=4 holds one each
+    assert serve_memory(qwen, 4, 1, 1024, 80, 0.9, 1.0).kv_bytes_per_token == 2 * 28 * 1 * 128 * 2
+    llama = resolve_model("llama3.1-70b")  # 8 KV heads: tp=16 still holds one each (replicated), not half
+    assert serve_memory(llama, 16, 1, 1024, 80, 0.9, 1.0).kv_bytes_per_token == 2 * 80 * 1 * 128 * 2
+    assert serve_memory(llama, 8, 1, 1024, 80, 0.9, 1.0).kv_bytes_per_token == 327_680 / 8

@@ -1,0 +1,114 @@
+"""Model description: exact parameter counts, FLOPs/token (6N + 12·L·H·Q·T), KV bytes/token, bad configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from phase6.plan.model import ModelSpec, list_presets, load_hf_config, load_preset, resolve_model
+
+# Published totals (HF num_parameters(); model cards): a wrong shape or bias rule changes these by >= 8192.
+PUBLISHED = {
+    "llama3.1-70b": 70_553_706_496,
+    "llama3.1-8b": 8_030_261_248,
+    "qwen2.5-72b": 72_706_203_648,
+    "qwen2.5-7b": 7_615_616_512,
+    "mixtral-8x7b": 46_702_792_704,
+    "gpt2": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+}
+
+
+@pytest.mark.parametrize("name,params", sorted(PUBLISHED.items()))
+def test_preset_parameter_counts_match_published(name: str, params: int) -> None:
+    assert resolve_model(name).num_params() == params
+
+
+def test_every_preset_is_checked() -> None:
+    assert set(list_presets()) == set(PUBLISHED)
+
+
+def test_mixtral_active_params_are_two_of_eight_experts() -> None:
+    m = resolve_model("mixtral-8x7b")
+    expert = 3 * 4096 * 14336
+    assert m.num_active_params() == m.num_params() - 32 * 6 * expert == 12_879_925_248
+
+
+def test_llama70b_kv_cache_bytes_per_token() -> None:
+    # 2 (K and V) x 80 layers x 8 kv-heads x 128 head_dim x 2 bytes (bf16)
+    assert resolve_model("llama3.1-70b").kv_cache_bytes_per_token(2) == 2 * 80 * 8 * 128 * 2 == 327_680
+
+
+def test_gqa_kv_is_smaller_than_mha() -> None:
+    qwen7 = resolve_model("qwen2.5-7b")  # 28 query heads, 4 KV heads
+    assert qwen7.kv_cache_bytes_per_token() == 2 * 28 * 4 * 128 * 2 == 57_344
+
+
+def test_gpt2_124m_flops_per_token_palm_formula() -> None:
+    # The nanoGPT transformer_sizing config (vocab 50257, no biases) that anchors-6a §5 quotes as 854.5 MFLOP/token.
+    m = ModelSpec.gpt2(12, 12, 768, vocab_size=50257, block_size=1024, bias=False)
+    n = m.num_params() - 1024 * 768  # N excludes wpe (nanoGPT get_num_params), tied wte counted once
+    assert m.num_matmul_params() == n == 123_551_232
+    expected = 6 * n + 12 * 12 * 12 * 64 * 1024
+    assert m.flops_per_token(1024) == expected
+    assert m.flops_per_token(1024) == pytest.approx(854.5e6, rel=1e-3)
+
+
+def test_untied_head_counts_and_embedding_lookup_does_not() -> None:
+    m = resolve_model("llama3.1-8b")
+    assert m.num_matmul_params() == m.num_params() - m.embedding_params()
+    assert m.flops_per_token(4096) == 6 * m.num_matmul_params() + 12 * 32 * 32 * 128 * 4096
+
+
+def test_hf_config_json_file(tmp_path: Path) -> None:
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 100,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m = resolve_model({}, hf_config=str(tmp_path))
+    attn = 64 * 64 + 2 * 64 * 32 + 64 * 64
+    assert m.num_params() == 2 * (attn + 3 * 64 * 128 + 2 * 64) + 100 * 64 + 64
+    assert load_hf_config(tmp_path / "config.json") == cfg
+
+
+@pytest.mark.parametrize(
+    "drop,msg",
+    [
+        ("hidden_size", "missing field hidden_size or n_embd"),
+        ("intermediate_size", "missing field intermediate_size"),
+        ("num_attention_heads", "missing field num_attention_heads or n_head"),
+        ("max_position_embeddings", "missing field max_position_embeddings"),
+    ],
+)
+def test_missing_config_fields_are_one_line_errors(drop: str, msg: str) -> None:
+    cfg = load_preset("llama3.1-8b")
+    del cfg[drop]
+    with pytest.raises(ValueError, match=msg) as e:
+        ModelSpec.from_hf_config(cfg, source="x/config.json")
+    assert "\n" not in str(e.value) and str(e.value).startswith("x/config.json")
+
+
+def test_unknown_preset_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="unknown preset 'llama9'.*llama3.1-70b"):
+        resolve_model("llama9")
+
+
+def test_bad_hf_config_path_and_json(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no such file"):
+        resolve_model({}, hf_config=str(tmp_path / "nope.json"))
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        resolve_model({}, hf_config=str(bad))

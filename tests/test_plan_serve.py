@@ -1,0 +1,78 @@
+"""Serving model: decode is HBM-bound at small batch, per-token all-reduces, prefill compute-bound, closed forms."""
+
+from __future__ import annotations
+
+import pytest
+
+from phase6.config import HardwareConfig
+from phase6.config.plan import EfficiencyConfig
+from phase6.plan import comm
+from phase6.plan.model import resolve_model
+from phase6.plan.serve import ServeCostModel, causal_pairs, serve_latency
+
+HW = HardwareConfig(
+    name="h100_sxm",
+    peak_bf16_tflops=989.4,
+    hbm_gib=79.6,
+    hbm_tbps=3.35,
+    nvlink_gbps=450.0,
+    internode_gbps=50.0,
+    intranode_latency_us=30.0,
+    internode_latency_us=50.0,
+    gpus_per_node=8,
+)
+EFF = EfficiencyConfig(prefill_mfu=0.5, decode_hbm_efficiency=0.7)
+LLAMA70 = resolve_model("llama3.1-70b")
+
+
+def test_decode_batch1_is_weight_streaming_plus_allreduces() -> None:
+    m = ServeCostModel(LLAMA70, HW, tp=4, efficiency=EFF)
+    ctx = 2048
+    weights = LLAMA70.num_params() * 2
+    mem = (weights + 327_680 * ctx) / (4 * 3.35e12 * 0.7)
+    ar, _ = comm.all_reduce_time(8192 * 2, 4, m.fabric)
+    assert m.decode_step_s(1, ctx) == pytest.approx(mem + 2 * 80 * ar)
+
+
+def test_tp_2_to_4_is_not_2x_at_batch_1() -> None:
+    t2 = serve_latency(LLAMA70, HW, 2, 1, 2048, efficiency=EFF).decode_ms
+    t4 = serve_latency(LLAMA70, HW, 4, 1, 2048, efficiency=EFF).decode_ms
+    assert 1.0 < t2 / t4 < 1.9  # the per-token all-reduce floor does not shrink with TP
+
+
+def test_prefill_is_compute_bound_and_counts_causal_pairs() -> None:
+    m = ServeCostModel(LLAMA70, HW, tp=8, efficiency=EFF)
+    p = 4096
+    flops = 2 * LLAMA70.num_matmul_params() * p + 4 * 80 * 64 * 128 * causal_pairs(0, p)
+    compute = flops / (8 * 989.4e12 * 0.5)
+    ar, _ = comm.all_reduce_time(p * 8192 * 2, 8, m.fabric)
+    assert m.prefill_s(p) == pytest.approx(compute + 2 * 80 * ar)
+    assert compute > m.memory_s(p, 0)
+
+
+def test_decode_run_closed_form_matches_the_loop() -> None:
+    for tp, d, ctx in ((1, 1, 10), (4, 64, 4000), (8, 256, 100)):
+        m = ServeCostModel(resolve_model("llama3.1-8b"), HW, tp=tp, efficiency=EFF)
+        k = 300
+        loop = sum(m.step_s(0, 0.0, d, ctx + j * d) for j in range(k))
+        assert m.decode_run_s(d, ctx, k) == pytest.approx(loop, rel=1e-9)
+
+
+def test_moe_decode_reads_only_touched_experts() -> None:
+    mix = resolve_model("mixtral-8x7b")
+    m = ServeCostModel(mix, HW, tp=2, efficiency=EFF)
+    one = m.weights_read_bytes(1)
+    assert one == pytest.approx((mix.num_params() - 32 * 6 * 3 * 4096 * 14336) * 2)  # top-2 of 8 per layer
+    assert m.weights_read_bytes(1000) == pytest.approx(mix.num_params() * 2, rel=1e-6)  # every expert touched
+
+
+def test_latency_reports_fit_and_capacity() -> None:
+    s = serve_latency(LLAMA70, HW, 1, 1, 8192, efficiency=EFF)
+    assert not s.fits and s.max_concurrent_seqs == 0
+    s4 = serve_latency(LLAMA70, HW, 4, 16, 8192, efficiency=EFF)
+    assert s4.fits and s4.max_concurrent_seqs > 16 and s4.bound == "memory"
+
+
+def test_bad_tp() -> None:
+    with pytest.raises(ValueError, match="does not divide"):
+        ServeCostModel(LLAMA70, HW, tp=3)

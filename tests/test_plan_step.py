@@ -1,0 +1,96 @@
+"""Training step model: bubble fractions, per-dimension communication counts and bytes, overlap rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from phase6.config import HardwareConfig
+from phase6.plan import comm
+from phase6.plan.memory import ParallelLayout, TrainSetup
+from phase6.plan.model import resolve_model
+from phase6.plan.profile import build_profile
+from phase6.plan.train import bubble_fraction, predict_train_step
+
+HW = HardwareConfig(
+    name="h100_sxm",
+    peak_bf16_tflops=989.4,
+    hbm_gib=79.6,
+    hbm_tbps=3.35,
+    nvlink_gbps=450.0,
+    internode_gbps=50.0,
+    intranode_latency_us=30.0,
+    internode_latency_us=50.0,
+    gpus_per_node=8,
+)
+PROFILE = build_profile(HW)
+
+
+@pytest.mark.parametrize(
+    "schedule,expected", [("gpipe", 3 / 8), ("1f1b", 3 / 8), ("interleaved", 3 / 16), ("zero_bubble", 1 / 8)]
+)
+def test_bubble_fractions(schedule: str, expected: float) -> None:
+    assert bubble_fraction(schedule, 4, 8, virtual_stages=2) == pytest.approx(expected)
+    assert bubble_fraction(schedule, 1, 8) == 0.0
+
+
+def test_compute_time_is_flops_over_mfu_peak() -> None:
+    m = resolve_model("llama3.1-8b")
+    setup = TrainSetup(seq_len=4096, global_batch_tokens=8 * 4096, zero=1)
+    p = predict_train_step(m, ParallelLayout(dp=8), setup, PROFILE, mfu=0.4)
+    flops = m.flops_per_token(4096) * 8 * 4096
+    assert p.compute_s == pytest.approx(flops / (8 * 0.4 * 989.4e12))
+    assert p.tokens_per_step == 8 * 4096
+
+
+def test_tp_has_four_all_reduces_per_block_on_nvlink() -> None:
+    m = resolve_model("llama3.1-8b")
+    setup = TrainSetup(seq_len=4096, global_batch_tokens=2 * 4096, zero=1)
+    p = predict_train_step(m, ParallelLayout(dp=2, tp=4), setup, PROFILE, mfu=0.4)
+    (tp,) = [c for c in p.comm if c.dim == "tp"]
+    assert tp.count == 32 * 1 * 4  # layers x micro-batches x (2 fwd + 2 bwd)
+    size = 1 * 4096 * 4096 * 2
+    assert tp.message_bytes == size
+    assert tp.wire_bytes == pytest.approx(tp.count * 2 * 3 / 4 * size)
+    assert tp.fabric == "nvlink" and tp.exposed_s == tp.time_s  # TP is not overlapped
+
+
+def test_groups_spanning_nodes_use_the_nic() -> None:
+    m = resolve_model("llama3.1-8b")
+    setup = TrainSetup(seq_len=4096, global_batch_tokens=16 * 4096, zero=0)
+    p = predict_train_step(m, ParallelLayout(dp=16), setup, PROFILE, mfu=0.4)
+    (dp,) = [c for c in p.comm if c.dim == "dp"]
+    assert dp.fabric == "ib"
+    grad = m.num_params() * 4  # fp32 gradient reduce
+    assert dp.wire_bytes == pytest.approx(comm.ring_all_reduce_bytes(grad, 16))
+
+
+def test_dp_sync_hides_behind_backward_until_it_cannot() -> None:
+    m = resolve_model("llama3.1-8b")
+    big = TrainSetup(seq_len=4096, global_batch_tokens=64 * 4096, zero=1)
+    p = predict_train_step(m, ParallelLayout(dp=8), big, PROFILE, mfu=0.4)
+    assert all(c.exposed_s == 0.0 for c in p.comm if c.dim == "dp")
+    slow = build_profile(HardwareConfig(**{**HW.__dict__, "nvlink_gbps": 1.0}))
+    q = predict_train_step(m, ParallelLayout(dp=8), big, slow, mfu=0.4)
+    window = q.compute_s / q.num_microbatches * 2 / 3
+    total = sum(c.time_s for c in q.comm if c.dim == "dp")
+    assert sum(c.exposed_s for c in q.comm if c.dim == "dp") == pytest.approx(total - window)
+
+
+def test_moe_expert_parallel_all_to_all_and_pp_p2p() -> None:
+    m = resolve_model("mixtral-8x7b")
+    setup = TrainSetup(seq_len=4096, global_batch_tokens=16 * 4096, zero=1)
+    p = predict_train_step(m, ParallelLayout(dp=4, pp=2, ep=4), setup, PROFILE, mfu=0.4)
+    dims = {c.dim: c for c in p.comm}
+    assert dims["ep"].count == 16 * 4 * 4  # 16 layers/stage x 4 micro-batches x (2 fwd + 2 bwd)
+    assert dims["ep"].message_bytes == 4096 * 2 * 4096 * 2  # tokens x top-2 x hidden x bf16
+    assert dims["pp"].count == 2 * 4 and dims["pp"].message_bytes == 4096 * 4096 * 2
+    assert p.bubble_s == pytest.approx(p.compute_s * 1 / 4)
+
+
+def test_context_parallel_passes_kv_around_the_ring() -> None:
+    m = resolve_model("llama3.1-8b")
+    setup = TrainSetup(seq_len=32768, global_batch_tokens=32768, zero=1)
+    p = predict_train_step(m, ParallelLayout(dp=1, cp=8), setup, PROFILE, mfu=0.4)
+    (cp,) = [c for c in p.comm if c.dim == "cp"]
+    assert cp.count == 32 * 1 * 7 * 3  # layers x micro-batches x (cp-1) x (1 fwd + 2 bwd)
+    assert cp.message_bytes == 2 * (32768 / 8) * 8 * 128 * 2  # K and V of the local chunk
