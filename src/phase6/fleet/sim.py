@@ -224,7 +224,7 @@ class Replica:
             self.run_k = 1
             self.run_truncated = True
         elif self.n_dec:
-            k = self.dheap[0][0] - self.steps
+            k = self.dheap[0][0] - self.steps if self.sim.macro else 1
             dt = model.decode_run_s(self.n_dec, self.ctx_sum, k)
             self.run_k = k
             self.run_truncated = k == 1
@@ -352,6 +352,8 @@ class SimResult:
     input_tokens: np.ndarray
     output_tokens: np.ndarray
     hit_tokens: np.ndarray
+    replica: np.ndarray
+    """Replica the router chose (the prefill replica under PD)."""
     num_gpus: int
     replicas: dict[str, int]
     busy_s: dict[str, float]
@@ -419,7 +421,7 @@ class Simulation:
 
     def __init__(self, workload: Workload, model: StepTimeModel, limits: EngineLimits, topology: Topology,
                  router: str, *, tp: int = 1, kv_transfer_s: Callable[[int], float] | None = None,
-                 engine: str = "simpy", closed_concurrency: int | None = None) -> None:
+                 engine: str = "simpy", closed_concurrency: int | None = None, macro: bool = True) -> None:
         if router not in ROUTER_NAMES:
             raise ValueError(f"fleet.routers: unknown router {router!r}; known: {', '.join(ROUTER_NAMES)}")
         if limits.max_batched_tokens < limits.max_num_seqs:
@@ -432,6 +434,7 @@ class Simulation:
         self.kv_transfer_s = kv_transfer_s
         self.loop = make_loop(engine)
         self.closed = closed_concurrency
+        self.macro = macro  # False: one event per decode step (reference mode for tests; same results, slower)
         n = len(workload)
         self._check_fits()
         self.index: dict[int, set[int]] | None = {} if router == "prefix_aware" and workload.hash_ids else None
@@ -446,6 +449,7 @@ class Simulation:
         self.fin = [math.nan] * n
         self.admit = [math.nan] * n
         self.hits = [0] * n
+        self.rep = [-1] * n
         self.rr = -1
         self.sticky: dict[int, Replica] = {}
         self.next_i = 0
@@ -487,6 +491,7 @@ class Simulation:
         self.area_wait += self.n_waiting * (now - self.t_wait)
         self.t_wait = now
         rep, est = self._route(r)
+        self.rep[i] = rep.rid
         rep.enqueue(r, est)
         if self.closed is None:
             self.next_i = i + 1
@@ -591,7 +596,7 @@ class Simulation:
         return SimResult(
             arrival_s=arrival, first_token_s=first, finish_s=fin, admit_s=np.asarray(self.admit),
             input_tokens=w.input_tokens.copy(), output_tokens=w.output_tokens.copy(),
-            hit_tokens=np.asarray(self.hits, dtype=np.int64), num_gpus=self.topology.replicas * self.tp,
+            hit_tokens=np.asarray(self.hits, dtype=np.int64), replica=np.asarray(self.rep, dtype=np.int64), num_gpus=self.topology.replicas * self.tp,
             replicas={k: len(v) for k, v in roles.items()}, busy_s={k: sum(r.busy_s for r in v) for k, v in roles.items()},
             events=events, wall_s=wall, little=little,
             evictions=sum(r.cache.evictions for r in self.front + self.back))
