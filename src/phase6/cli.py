@@ -58,7 +58,7 @@ def prepare_data(ctx: typer.Context, multirun: bool = MULTIRUN, check_tokenizer:
 def plan(ctx: typer.Context, multirun: bool = MULTIRUN,
          json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the scripting interface)."),
          explain: bool = typer.Option(False, "--explain", help="Print the derivation with every number.")) -> None:
-    """Predict memory/comm/step time or serving latency and rank layouts; `phase6 plan calibrate --help` measures."""
+    """Predict memory/comm/step time or serving latency and rank layouts; `phase6 plan calibrate -h`: measure a profile."""
     if ctx.args[:1] == ["calibrate"]:
         from phase6.plan.calibrate import cli_main
 
@@ -75,6 +75,13 @@ def plan(ctx: typer.Context, multirun: bool = MULTIRUN,
 def fleet(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
     """Simulate serving fleets on traces: goodput at SLO per policy/router, prefix hits, replicas, $, PD grid."""
     run("fleet", ctx.args, multirun)
+
+
+@app.command("serve-bench", context_settings=OVERRIDES)
+def serve_bench(ctx: typer.Context, multirun: bool = MULTIRUN,
+                tp: int = typer.Option(None, "--tp", help="Tensor parallelism (same as serve.tp=N).")) -> None:
+    """6B: launch vLLM/SGLang/transformers serve at TP=N, drive a seeded load, write one scaling-table row."""
+    run("serve_bench", ctx.args + ([f"serve.tp={tp}"] if tp is not None else []), multirun)
 
 
 @app.command("config", context_settings=OVERRIDES)
