@@ -58,7 +58,7 @@ def prepare_data(ctx: typer.Context, multirun: bool = MULTIRUN, check_tokenizer:
 def plan(ctx: typer.Context, multirun: bool = MULTIRUN,
          json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the scripting interface)."),
          explain: bool = typer.Option(False, "--explain", help="Print the derivation with every number.")) -> None:
-    """Predict memory/comm/step time or serving latency and rank layouts; `phase6 plan calibrate -h`: measure a profile."""
+    """Predict memory, comm, step time or serving latency; rank layouts. `phase6 plan calibrate -h` to measure."""
     if ctx.args[:1] == ["calibrate"]:
         from phase6.plan.calibrate import cli_main
 
