@@ -94,3 +94,12 @@ def test_context_parallel_passes_kv_around_the_ring() -> None:
     (cp,) = [c for c in p.comm if c.dim == "cp"]
     assert cp.count == 32 * 1 * 7 * 3  # layers x micro-batches x (cp-1) x (1 fwd + 2 bwd)
     assert cp.message_bytes == 2 * (32768 / 8) * 8 * 128 * 2  # K and V of the local chunk
+
+
+def test_pipeline_leaving_the_node_pays_the_nic() -> None:
+    m = resolve_model("llama3.1-8b")
+    setup = TrainSetup(seq_len=4096, global_batch_tokens=8 * 4096, zero=1)
+    inside = predict_train_step(m, ParallelLayout(dp=1, tp=2, pp=4), setup, PROFILE, mfu=0.4)
+    across = predict_train_step(m, ParallelLayout(dp=1, tp=4, pp=4), setup, PROFILE, mfu=0.4)
+    assert [c.fabric for c in inside.comm if c.dim == "pp"] == ["nvlink"]
+    assert [c.fabric for c in across.comm if c.dim == "pp"] == ["ib"]

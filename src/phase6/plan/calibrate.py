@@ -26,7 +26,7 @@ from typing import Any
 
 from phase6.plan.profile import COLLECTIVES, PROFILE_KIND
 
-GPU_SIZES = [8 * 4**i for i in range(15)] + [2**30]  # 8 B ... 512 MiB, then 1 GiB
+GPU_SIZES = [8 * 4**i for i in range(14)] + [2**30]  # 8 B ... 512 MiB, then 1 GiB
 SMALL_BYTES = 8192
 
 

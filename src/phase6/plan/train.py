@@ -227,7 +227,7 @@ def predict_train_step(
             )
         )
     if pp > 1:  # activation forward + its gradient backward, per micro-batch per stage boundary
-        f = _group_fabric(profile, tp * cp * dp, 2)
+        f = _group_fabric(profile, tp * cp * dp, pp)  # the slowest stage boundary is on the critical path
         size = act_bytes / tp
         chunks = setup.virtual_stages if setup.pp_schedule == "interleaved" else 1
         n = 2 * m * chunks
