@@ -193,7 +193,7 @@ def predict_train_step(
         passes = (cp - 1) * (fwd_passes + 2)
         n = layers * m * passes
         t = n * comm.p2p_time(chunk, f)
-        attn_flops = 12.0 * model.num_heads * model.head_dim * setup.seq_len * tokens_step * layers / model.num_layers
+        attn_flops = 12.0 * model.num_layers * model.num_heads * model.head_dim * setup.seq_len * tokens_step
         attn_compute = attn_flops / (layout.gpus * mfu * profile.peak_flops)
         pred.comm.append(
             CommTerm(
