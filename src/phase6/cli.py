@@ -84,6 +84,14 @@ def serve_bench(ctx: typer.Context, multirun: bool = MULTIRUN,
     run("serve_bench", ctx.args + ([f"serve.tp={tp}"] if tp is not None else []), multirun)
 
 
+@app.command("fleet-bench", context_settings=OVERRIDES)
+def fleet_bench(ctx: typer.Context) -> None:
+    """Fleet simulator speed on one core: simulated requests/s for 1M-request traces (--requests, --scenarios, --engines)."""
+    from phase6.fleet.bench import main as bench_main
+
+    bench_main(ctx.args)
+
+
 @app.command("config", context_settings=OVERRIDES)
 def config_cmd(ctx: typer.Context, job: str = typer.Argument(..., help="job name, e.g. pretrain")) -> None:
     """Print the resolved and validated config of JOB with the given overrides."""
