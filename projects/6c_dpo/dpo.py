@@ -130,8 +130,11 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
         )
     from trl import DPOConfig, DPOTrainer
 
+    from phase6.posttrain.sampling import length_grouped
+
+    trainer_cls = length_grouped(DPOTrainer) if d.group_by_length else DPOTrainer
     args = DPOConfig(loss_type=[d.loss], precompute_ref_log_probs=d.precompute_ref_log_probs, **common)
-    return DPOTrainer(
+    return trainer_cls(
         model=model,
         ref_model=None,
         args=args,

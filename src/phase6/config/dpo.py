@@ -185,6 +185,8 @@ class DPOTrainConfig:
     """Score the reference once before training instead of one extra forward per step."""
     gradient_checkpointing: bool = True
     """Recompute activations in backward (memory for ~1 extra forward)."""
+    group_by_length: bool = False
+    """Batch pairs of similar token length (less padding; TRL 1.16's padding_free is disabled). DPO losses only."""
     warmup_ratio: float = 0.1
     """Linear warmup share of the steps."""
     lr_scheduler: str = "cosine"
@@ -213,6 +215,11 @@ class DPOTrainConfig:
             not (self.loss == "orpo" and self.precompute_ref_log_probs),
             "dpo.precompute_ref_log_probs",
             "ORPO has no reference model; set it to false",
+        )
+        require(
+            not (self.loss == "orpo" and self.group_by_length),
+            "dpo.group_by_length",
+            "is implemented for the DPO trainer's tokenised columns only; set it to false for ORPO",
         )
 
     def pairs_per_step(self, world_size: int) -> int:
