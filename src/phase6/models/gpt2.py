@@ -1,4 +1,4 @@
-"""GPT-2 (Radford et al. 2019) as a plain nn.Module, plus conversion to and from HF `GPT2LMHeadModel`.
+"""GPT-2 (Radford et al. 2019) as a plain nn.Module; HF conversion lives in phase6.models.hf.
 
 Architecture only: no distributed code, no logging, no config parsing. Module names follow the HF checkpoint
 (`transformer.wte`, `transformer.h.{i}.attn.c_attn`, ..., `transformer.ln_f`, `lm_head`) so conversion is a
@@ -12,18 +12,12 @@ loss, which makes HF import (50257 rows, zero-padded) and export (truncated) exa
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from phase6.config.pretrain import ModelConfig
-
-if TYPE_CHECKING:
-    from transformers import GPT2Config
 
 
 class CausalSelfAttention(nn.Module):
@@ -133,133 +127,3 @@ class GPT(nn.Module):
             return logits
         # fp32 log-softmax even under bf16 autocast; torch.compile fuses the upcast into the CE kernel
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-
-
-# --- HF GPT2LMHeadModel conversion ---------------------------------------------------------------------------
-
-# HF GPT-2 uses Conv1D (weight stored as (in, out)); nn.Linear stores (out, in)
-_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
-def hf_config_from(cfg: ModelConfig, eos_token_id: int | None = None) -> GPT2Config:
-    """The HF GPT2Config describing the same network (HF GPT-2 always has biases; dropout off)."""
-    from transformers import GPT2Config
-
-    eos = cfg.vocab_size - 1 if eos_token_id is None else eos_token_id  # GPT-2 and byte tokenizers: EOT is last
-    return GPT2Config(
-        vocab_size=cfg.vocab_size,
-        n_positions=cfg.block_size,
-        n_embd=cfg.n_embd,
-        n_layer=cfg.n_layer,
-        n_head=cfg.n_head,
-        activation_function="gelu_new",
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        layer_norm_epsilon=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=eos,
-        eos_token_id=eos,
-    )
-
-
-def model_config_from_hf(hf_config: GPT2Config, name: str = "hf") -> ModelConfig:
-    """ModelConfig for an HF GPT-2 config (bias=True: HF checkpoints carry biases)."""
-    if hf_config.model_type != "gpt2":
-        raise ValueError(f"expected an HF config with model_type 'gpt2', got {hf_config.model_type!r}")
-    if hf_config.activation_function != "gelu_new":
-        raise ValueError(f"HF config activation_function {hf_config.activation_function!r} is not 'gelu_new'")
-    return ModelConfig(
-        name=name,
-        n_layer=hf_config.n_layer,
-        n_head=hf_config.n_head,
-        n_embd=hf_config.n_embd,
-        block_size=hf_config.n_positions,
-        vocab_size=hf_config.vocab_size,
-        bias=True,
-    )
-
-
-def state_dict_from_hf(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Map an HF GPT2LMHeadModel state dict onto GPT's (transpose Conv1D, pad vocab rows with zeros)."""
-    out: dict[str, torch.Tensor] = {}
-    for key, value in hf_sd.items():
-        if key.endswith(("attn.bias", "attn.masked_bias")) and value.dim() > 1:
-            continue  # causal-mask buffers of old HF checkpoints, not parameters
-        if key == "lm_head.weight":
-            continue  # tied to transformer.wte.weight
-        if not key.startswith("transformer."):
-            key = "transformer." + key  # bare GPT2Model checkpoints lack the prefix
-        if key.endswith(_CONV1D_SUFFIXES):
-            value = value.t()
-        if key == "transformer.wte.weight":
-            padded = value.new_zeros(cfg.padded_vocab_size, value.shape[1])
-            padded[: value.shape[0]] = value
-            value = padded
-        out[key] = value.contiguous()
-    out["lm_head.weight"] = out["transformer.wte.weight"]
-    return out
-
-
-def from_hf(hf_model: nn.Module, name: str = "hf") -> GPT:
-    """A GPT holding the weights of an HF GPT2LMHeadModel (same logits up to float rounding)."""
-    cfg = model_config_from_hf(hf_model.config, name=name)
-    model = GPT(cfg)
-    sd = state_dict_from_hf({k: v.detach().float() for k, v in hf_model.state_dict().items()}, cfg)
-    model.load_state_dict(sd, strict=True)
-    return model
-
-
-def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Map a GPT state dict onto HF GPT2LMHeadModel keys (transpose, drop vocab padding, add zero biases)."""
-    out: dict[str, torch.Tensor] = {}
-    for key, value in sd.items():
-        if key == "lm_head.weight":
-            continue
-        if key.endswith(_CONV1D_SUFFIXES):
-            value = value.t()
-        if key == "transformer.wte.weight":
-            value = value[: cfg.vocab_size]
-        out[key] = value.detach().contiguous()
-    if not cfg.bias:  # HF GPT-2 always has biases: zeros reproduce the bias-free network exactly
-        C = cfg.n_embd
-        for i in range(cfg.n_layer):
-            p = f"transformer.h.{i}."
-            like = out[p + "ln_1.weight"]
-            for key, size in (("ln_1.bias", C), ("ln_2.bias", C), ("attn.c_attn.bias", 3 * C)):
-                out[p + key] = like.new_zeros(size)
-            for key, size in (("attn.c_proj.bias", C), ("mlp.c_fc.bias", 4 * C), ("mlp.c_proj.bias", C)):
-                out[p + key] = like.new_zeros(size)
-        out["transformer.ln_f.bias"] = out["transformer.ln_f.weight"].new_zeros(C)
-    return out
-
-
-def to_hf(model: GPT, eos_token_id: int | None = None) -> nn.Module:
-    """An HF GPT2LMHeadModel (fp32, eval mode) with the weights of `model`."""
-    from transformers import GPT2LMHeadModel
-
-    hf = GPT2LMHeadModel(hf_config_from(model.cfg, eos_token_id))
-    sd = to_hf_state_dict({k: v.float().cpu() for k, v in model.state_dict().items()}, model.cfg)
-    missing, unexpected = hf.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(("attn.bias", "attn.masked_bias"))]
-    assert not missing and not unexpected, (missing, unexpected)
-    hf.tie_weights()
-    return hf.eval()
-
-
-def export_hf(
-    model: GPT,
-    out_dir: str | os.PathLike[str],
-    eos_token_id: int | None = None,
-    tokenizer_dir: str | os.PathLike[str] | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> Path:
-    """Write an HF directory (config.json + model.safetensors [+ tokenizer files]) for transformers/vLLM/lm-eval."""
-    out = Path(out_dir)
-    hf = to_hf(model, eos_token_id).to(dtype)
-    hf.save_pretrained(out, safe_serialization=True)
-    if tokenizer_dir is not None:
-        from transformers import AutoTokenizer
-
-        AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(out)
-    return out

@@ -1,0 +1,1 @@
+"""Model architectures (plain nn.Modules) and their checkpoint converters."""
