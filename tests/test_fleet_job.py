@@ -101,3 +101,25 @@ def test_compare_recovers_planted_engine(tmp_path: Path) -> None:
     path.write_text(json.dumps({"rows": [{"concurrency": 1, "ttft_p50_ms": 1.0, "tpot_p50_ms": 1.0}]}))
     with pytest.raises(ValueError, match="completed"):
         compare_serve_bench(path, cfg, setup)
+
+
+def test_pd_grid_max_rate_respects_decode_roofline() -> None:
+    """Steady-state probes: the max rate within SLO can't exceed what the decode batches physically produce.
+
+    (A short fixed probe at a high rate arrives within one request lifetime, is absorbed whole by the batch slots
+    and overstates the rate.)
+    """
+    from phase6.config.fleet import SloConfig
+    from phase6.fleet.run import search_rate, unloaded_latency
+
+    # 2 x 256 batch slots > 300 requests: a fixed short probe is absorbed whole (the old method reported 3.2x the bound)
+    cfg = FleetRunConfig(hardware=HW, model="llama3.1-8b", engine=EngineConfig(tp=1, max_num_seqs=256))
+    setup = build_setup(cfg)
+    inp, out, n = 16, 64, 2
+    ttft0, tpot0 = unloaded_latency(setup, inp, out)
+    e2e0 = ttft0 + (out - 1) * tpot0
+    slo = SloConfig(ttft_ms=4 * ttft0 * 1e3, tpot_ms=4 * tpot0 * 1e3)
+    s = search_rate(setup, inp, out, e2e0, Topology(colocated=n), slo, n / e2e0, 5, 300, 0)
+    best_tok_s = n * 256 / setup.model.decode_step_s(256, inp + out // 2)  # full batches at the mean context
+    assert 0.5 * best_tok_s < s.rate * out <= 1.02 * best_tok_s
+    assert s.ok_row is not None and s.ok_row["slo_attainment"] >= 0.9

@@ -238,7 +238,7 @@ class AnalysisConfig:
     pd_replicas: int = 8
     """Replicas (each engine.tp GPUs) both sides get: colocated N vs every pd:P:(N-P)."""
     pd_requests: int = 1500
-    """Requests per simulated rate point of the grid."""
+    """Least requests per simulated rate point of the grid (more at high rates: >= 10 request lifetimes of arrivals)."""
     rate_search_steps: int = 8
     """Bisection steps of a max-rate search."""
     compare_with: str | None = None

@@ -34,23 +34,37 @@ def good_mask(res: SimResult, slo: SloConfig) -> tuple[np.ndarray, np.ndarray]:
     return res.ttft_s <= slo.ttft_ms / 1e3, res.tpot_s <= slo.tpot_ms / 1e3
 
 
-def summarize(res: SimResult, slo: SloConfig, hardware: HardwareConfig) -> dict[str, Any]:
-    """One results row for a simulation: latency percentiles, SLO attainment, goodput, hit rate, cost."""
+def summarize(res: SimResult, slo: SloConfig, hardware: HardwareConfig,
+              window: tuple[float, float] | None = None) -> dict[str, Any]:
+    """One results row for a simulation: latency percentiles, SLO attainment, goodput, hit rate, cost.
+
+    ``window = (t0, t1)``: latency, attainment and goodput count only requests arriving in [t0, t1] (steady state:
+    no warm-up on an empty fleet, no drain after the last arrival); goodput is then good requests / (t1 - t0).
+    Throughput and cost always use the whole run.
+    """
+    n_all = len(res.arrival_s)
+    sel = np.ones(n_all, dtype=bool)
+    if window is not None:
+        sel = (res.arrival_s >= window[0]) & (res.arrival_s <= window[1])
+        if sel.sum() < 2:
+            raise ValueError(f"steady-state window {window} holds {int(sel.sum())} requests; simulate more requests")
     ttft_ok, tpot_ok = good_mask(res, slo)
+    ttft_ok, tpot_ok = ttft_ok[sel], tpot_ok[sel]
     good = ttft_ok & tpot_ok
-    n = len(res.arrival_s)
+    n = int(sel.sum())
     duration = res.makespan_s
-    span = float(res.arrival_s[-1] - res.arrival_s[0]) if n > 1 else 0.0
+    span = float(res.arrival_s[-1] - res.arrival_s[0]) if n_all > 1 else 0.0
+    good_span = (window[1] - window[0]) if window is not None else duration
     out_tok = float(res.output_tokens.sum())
-    good_tok = float(res.output_tokens[good].sum())
+    good_tok = float(res.output_tokens[sel][good].sum())
     tok_s = out_tok / duration if duration > 0 else 0.0
-    good_tok_s = good_tok / duration if duration > 0 else 0.0
-    ttft_ms, tpot_ms = res.ttft_s * 1e3, res.tpot_s * 1e3
-    multi = res.output_tokens > 1
+    good_tok_s = good_tok / good_span if good_span > 0 else 0.0
+    ttft_ms, tpot_ms = res.ttft_s[sel] * 1e3, res.tpot_s[sel] * 1e3
+    multi = res.output_tokens[sel] > 1
     busy = {f"busy_{k}": v / (res.replicas[k] * duration) if duration > 0 else 0.0 for k, v in res.busy_s.items()}
     return {
         "requests": n,
-        "offered_rate": (n - 1) / span if span > 0 else math.nan,
+        "offered_rate": (n_all - 1) / span if span > 0 else math.nan,
         "num_gpus": res.num_gpus,
         "ttft_p50_ms": _pct(ttft_ms, 50),
         "ttft_p99_ms": _pct(ttft_ms, 99),
@@ -60,7 +74,7 @@ def summarize(res: SimResult, slo: SloConfig, hardware: HardwareConfig) -> dict[
         "ttft_attainment": float(ttft_ok.mean()) if n else math.nan,
         "tpot_attainment": float(tpot_ok.mean()) if n else math.nan,
         "slo_attainment": float(good.mean()) if n else math.nan,
-        "goodput_req_s": good.sum() / duration if duration > 0 else 0.0,
+        "goodput_req_s": good.sum() / good_span if good_span > 0 else 0.0,
         "throughput_tok_s": tok_s,
         "prefix_hit_rate": res.prefix_hit_rate,
         "gpu_hours_per_1m_output_tokens": gpu_hours_per_1m_tokens(res.num_gpus, tok_s),
@@ -173,7 +187,7 @@ def pd_reason(colo: RateSearch, pd: RateSearch, split: str, slo: SloConfig) -> t
         if c_bind in ("TPOT", "TTFT+TPOT"):
             why += " (prefill chunks in the same step stretch every decode step)"
         elif c_bind == "TTFT":
-            why += " (decodes take the token budget and prompts queue)"
+            why += " (a new prompt first waits for the running decode step, then shares a step with the decodes)"
         return "PD", why + f"; PD's limit is {p_bind}"
     if gain <= 1 / 1.05:
         why = f"colocated serves {1 / gain:.2f}x the rate within SLO; PD {split} is {p_bind}-bound"

@@ -121,12 +121,28 @@ def unloaded_latency(setup: FleetSetup, input_tokens: int, output_tokens: int) -
     return float(r.ttft_s[0]), float(r.tpot_s[0])
 
 
-def search_rate(setup: FleetSetup, base: Workload, topo: Topology, slo: SloConfig, start: float, steps: int,
-                router: str = "least_loaded") -> RateSearch:
-    """Max rate within ``slo`` of ``topo`` on ``base`` rescaled in time (see analysis.max_rate_within_slo)."""
+LIFETIMES = 10
+"""A steady-state probe lasts this many unloaded request lifetimes (E2E) of arrivals (and >= min requests)."""
+MAX_PROBE_REQUESTS = 60_000
+"""Cap on one probe's requests (a probe at a very high rate would otherwise need millions)."""
+
+
+def search_rate(setup: FleetSetup, inp: int, out: int, e2e0: float, topo: Topology, slo: SloConfig, start: float,
+                steps: int, min_requests: int, seed: int, router: str = "least_loaded") -> RateSearch:
+    """Max rate within ``slo`` for Poisson arrivals of identical requests, measured in steady state.
+
+    Each probe at rate r simulates max(min_requests, r * LIFETIMES * e2e0) requests (capped) and scores only those
+    arriving in [2 e2e0, last arrival - e2e0]: a short trace would be absorbed by the batch before any queue forms
+    and overstate the rate (1,500 requests at 900 req/s arrive within one 5 s request lifetime).
+    """
 
     def run_at(rate: float) -> dict[str, Any]:
-        return summarize(setup.run(base.at_rate(rate), topo, router), slo, setup.hardware)
+        n = int(min(MAX_PROBE_REQUESTS, max(min_requests, math.ceil(rate * LIFETIMES * e2e0))))
+        w = fixed_lengths(n, rate, inp, out, seed)
+        res = setup.run(w, topo, router)
+        last = float(w.arrival_s[-1])
+        window = (2 * e2e0, last - e2e0) if last > 4 * e2e0 else (last / 4, 3 * last / 4)
+        return summarize(res, slo, setup.hardware, window=window)
 
     return max_rate_within_slo(run_at, slo, start, steps)
 
@@ -140,15 +156,16 @@ def pd_grid(setup: FleetSetup, cfg: FleetRunConfig, log: Callable[[str], None] =
         out = a.pd_output_tokens
         inp = max(1, round(ratio * out))
         ttft0, tpot0 = unloaded_latency(setup, inp, out)
-        base = fixed_lengths(a.pd_requests, 1.0, inp, out, cfg.run.seed)
-        # A replica serving one request at a time manages 1 / (TTFT + (O-1)·TPOT) req/s: a safe first probe.
-        start = n / (ttft0 + (out - 1) * tpot0)
+        e2e0 = ttft0 + (out - 1) * tpot0
+        # A replica serving one request at a time manages 1 / E2E req/s: a safe first probe.
+        start = n / e2e0
         for scale in a.pd_slo_scales:
             slo = SloConfig(ttft_ms=scale * ttft0 * 1e3, tpot_ms=scale * tpot0 * 1e3, attainment=cfg.slo.attainment)
-            colo = search_rate(setup, base, Topology(colocated=n), slo, start, a.rate_search_steps)
+            args = (slo, start, a.rate_search_steps, a.pd_requests, cfg.run.seed)
+            colo = search_rate(setup, inp, out, e2e0, Topology(colocated=n), *args)
             best: tuple[RateSearch, str] | None = None
             for p in range(1, n):
-                s = search_rate(setup, base, Topology(prefill=p, decode=n - p), slo, start, a.rate_search_steps)
+                s = search_rate(setup, inp, out, e2e0, Topology(prefill=p, decode=n - p), *args)
                 if best is None or s.rate > best[0].rate:
                     best = (s, f"{p}:{n - p}")
             assert best is not None
