@@ -65,7 +65,7 @@ class DataConfig:
     num_workers: int | None = None
     """Tokenizer worker processes; None = cpu_count // 2 (llm.c's fineweb.py); 0 = tokenize in-process."""
     chunk_size: int = 16
-    """Documents per task sent to a worker (Pool.imap chunksize)."""
+    """Documents per task sent to a tokenizer worker process."""
     max_docs: int | None = None
     """Stop after this many documents (None = whole source)."""
     max_tokens: int | None = None

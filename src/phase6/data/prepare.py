@@ -17,7 +17,9 @@ import json
 import multiprocessing as mp
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from itertools import islice
@@ -148,9 +150,9 @@ def _init_worker(name: str, path: str | None) -> None:
     _worker_tok = load_tokenizer(name, path)
 
 
-def _encode_worker(text: str) -> np.ndarray:
+def _encode_chunk(texts: list[str]) -> list[np.ndarray]:
     assert _worker_tok is not None, "worker initializer did not run"
-    return encode_document(_worker_tok, text)
+    return [encode_document(_worker_tok, text) for text in texts]
 
 
 class _Stats:
@@ -192,15 +194,35 @@ class _Stats:
 def _tokenized(
     docs: Iterable[str], tok: Tokenizer, name: str, path: str | None, num_workers: int, chunk_size: int
 ) -> Iterator[np.ndarray]:
-    """[EOT] + tokens per document, in document order; spread over a spawn Pool when num_workers > 0."""
+    """[EOT] + tokens per document, in document order; spread over worker processes when num_workers > 0.
+
+    At most ``4 * num_workers`` chunks are in flight, so memory stays bounded on a 10B-token stream (Pool.imap
+    would queue results without limit), and a worker that dies raises BrokenProcessPool instead of hanging.
+    """
     if num_workers == 0:
         for text in docs:
             yield encode_document(tok, text)
         return
     # spawn, not fork: the parent may hold threads (pyarrow, datasets streaming) that fork would copy mid-lock.
-    with mp.get_context("spawn").Pool(num_workers, initializer=_init_worker, initargs=(name, path)) as pool:
-        # imap keeps order; the task pipe's buffer bounds how far it reads ahead of the workers.
-        yield from pool.imap(_encode_worker, docs, chunksize=chunk_size)
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker, initargs=(name, path)) as pool:
+        it = iter(docs)
+        pending: deque[Future[list[np.ndarray]]] = deque()
+
+        def submit() -> None:
+            chunk = list(islice(it, chunk_size))
+            if chunk:
+                pending.append(pool.submit(_encode_chunk, chunk))
+
+        try:
+            for _ in range(4 * num_workers):
+                submit()
+            while pending:
+                done = pending.popleft().result()
+                submit()
+                yield from done
+        finally:  # stopped early (max_tokens, an error): drop queued chunks instead of tokenizing them
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def prepare_shards(
@@ -273,11 +295,13 @@ def prepare_shards(
                         flush(doc_index, skip)
                     if doc_done:
                         break
-                stats.update(doc_index, done_tokens + fill, len(progress.shards))
+                if doc_index % 256 == 0:  # the bar needs no per-document refresh on a 10M-document stream
+                    stats.update(doc_index, done_tokens + fill, len(progress.shards))
                 if remaining == 0:
                     break
         if fill:
             flush(doc_index, skip)
+        stats.update(doc_index, done_tokens, len(progress.shards))
     finally:
         stats.close()
 
