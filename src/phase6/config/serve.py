@@ -19,6 +19,7 @@ DATASETS = ("sharegpt", "synthetic", "mooncake", "azure")
 ARRIVALS = ("concurrency", "poisson", "gamma", "constant", "trace")
 LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+SHAREGPT_V3 = "hf://anon8231489123/ShareGPT_Vicuna_unfiltered/ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
 @dataclass
@@ -53,8 +54,12 @@ class ServeConfig:
     """Base URL (http://host:port) of an already running server; nothing is launched or stopped."""
     ready_timeout_s: float = 1800.0
     """Seconds to wait for /health and /v1/models (70B loads take minutes); on timeout the log tail is printed."""
-    build_tiny_model: bool = False
-    """Build a tiny random Llama + locally trained tokenizer in <run dir>/tiny_model and serve it (CPU smoke)."""
+    random_model: str | None = None
+    """Serve a random-weight model built here instead of ``model``: 'tiny' (0.1M params, CPU smoke) or a planner
+    preset of configs/plan/model/ (e.g. llama3.1-8b: real shapes, random bf16 weights, 4096-token local vocab)."""
+    plan_model: str | None = None
+    """Planner model for the predicted column: a preset of configs/plan/model/ or a config.json path;
+    None = ``model``'s config.json when ``model`` is a local directory, else no prediction."""
     pin_server: bool = True
     """Keep the server running between sweep members with the same launch spec (engine, model, TP, args)."""
 
@@ -72,14 +77,14 @@ class ServeConfig:
                 f"must be an http(s):// base URL, got {self.endpoint!r}")
         require(self.engine != "openai" or self.endpoint is not None, "serve.endpoint",
                 "engine=openai means an already running server: set serve.endpoint=http://host:port")
-        require(not (self.build_tiny_model and self.endpoint), "serve.build_tiny_model",
+        require(not (self.random_model and self.endpoint), "serve.random_model",
                 "cannot build a model for an already running serve.endpoint")
 
     def launch_key(self) -> tuple[Any, ...]:
         """What forces a server restart between sweep members: everything that goes on its command line."""
         return (self.engine, self.model, self.tp, self.dtype, self.max_model_len,
                 tuple(sorted((k, repr(v)) for k, v in self.engine_args.items())),
-                tuple(sorted(self.env.items())), tuple(self.launcher or ()), self.build_tiny_model)
+                tuple(sorted(self.env.items())), tuple(self.launcher or ()), self.random_model)
 
 
 @dataclass
@@ -114,10 +119,15 @@ class LoadConfig:
     """Preset name, used in tables and run names."""
     dataset: str = "sharegpt"
     """sharegpt (ShareGPT V3 JSON) | synthetic (length distributions) | mooncake (JSONL trace) | azure (CSV trace)."""
-    path: str | None = None
-    """Dataset file (sharegpt JSON, mooncake JSONL, azure CSV); unused for synthetic."""
+    path: str | None = SHAREGPT_V3
+    """Dataset file (sharegpt JSON, mooncake JSONL, azure CSV) or hf://owner/dataset/file; unused for synthetic."""
     num_requests: int | None = None
-    """Measured requests; None = max(200, 10 x concurrency) for closed loop, 200 for open loop, whole trace for trace."""
+    """Measured requests; None = max(min_requests, requests_per_slot x concurrency) for closed loop,
+    min_requests for open loop, the whole trace for trace replay."""
+    min_requests: int = 200
+    """Lower bound of the derived request count (percentiles need samples: p99 of 200 is the 2nd worst)."""
+    requests_per_slot: int = 10
+    """Closed loop: measured requests per concurrency slot (>= 10, so ramp-up and drain are a small share)."""
     prompt_len_min: int = 100
     """ShareGPT window: keep conversations whose first prompt has at least this many tokens (served model's tokenizer)."""
     prompt_len_max: int = 2000
@@ -179,6 +189,9 @@ class LoadConfig:
                 f"arrival=trace needs a trace dataset (mooncake, azure), got dataset={self.dataset}")
         require(self.burstiness > 0, "load.burstiness", f"must be > 0, got {self.burstiness}")
         require(self.time_scale > 0, "load.time_scale", f"must be > 0, got {self.time_scale}")
+        require(self.requests_per_slot >= 10, "load.requests_per_slot",
+                f"must be >= 10 (closed-loop runs need >= 10 x concurrency requests), got {self.requests_per_slot}")
+        require(self.min_requests >= 1, "load.min_requests", f"must be >= 1, got {self.min_requests}")
         require(self.num_requests is None or self.num_requests >= 1, "load.num_requests",
                 f"must be >= 1 or null, got {self.num_requests}")
         require(self.warmup_requests is None or self.warmup_requests >= 0, "load.warmup_requests",
@@ -201,8 +214,8 @@ class LoadConfig:
             return trace_rows
         if self.arrival == "concurrency":
             assert self.concurrency is not None
-            return max(200, 10 * self.concurrency)
-        return 200
+            return max(self.min_requests, self.requests_per_slot * self.concurrency)
+        return self.min_requests
 
     def warmup(self) -> int:
         """Warmup requests (derived): ``warmup_requests`` or one per concurrent slot (4 without a cap)."""

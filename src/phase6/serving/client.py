@@ -288,14 +288,16 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
                        request_timeout_s: float = 1800.0, deadline_s: float | None = None,
                        abort_check: Callable[[], str | None] | None = None, tokenizer: TokenizerLike | None = None,
                        requests: list[BenchRequest] | None = None, warmup_bodies: list[bytes] | None = None,
-                       send_time_header: bool = False,
-                       on_start: Callable[[float], None] | None = None) -> RunOutcome:
+                       send_time_header: bool = False, on_start: Callable[[float], None] | None = None,
+                       on_progress: Callable[[int, int, int], None] | None = None,
+                       progress_every_s: float = 10.0) -> RunOutcome:
     """Send ``bodies[i]`` at ``schedule[i]`` seconds (gated by ``concurrency``) and collect every stream.
 
     ``warmup_bodies`` run first, closed loop at the same concurrency and over the same connection pool (so the
     measured run does not pay TCP connects or server warm-up), and are discarded. ``deadline_s`` (after the
     start) and ``abort_check`` (polled every 0.2 s, e.g. "server exited") end the run: in-flight requests fail
     with the reason, unsent ones stay unsent. Never hangs longer than the deadline (+ the warmup's own).
+    ``on_progress(finished, sent, planned)`` is called every ``progress_every_s`` seconds.
     ``send_time_header`` adds ``x-send-time`` (this host's CLOCK_MONOTONIC at send) for the scripted test
     server, which then times its script from the client's send instead of its own receive.
     """
@@ -386,8 +388,12 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
             tasks.append(loop.create_task(one(results[i], bodies[i], session, t0)))
 
     async def watchdog(t0: float, dispatcher: asyncio.Task[None]) -> None:
+        next_progress = perf() + progress_every_s
         while True:
             await asyncio.sleep(0.2)
+            if on_progress is not None and perf() >= next_progress:
+                next_progress += progress_every_s
+                on_progress(sum(not math.isnan(r.end_s) for r in results), len(tasks), n)
             reason = abort_check() if abort_check is not None else None
             if reason is None and perf() - t0 > deadline_s:
                 reason = f"run deadline of {deadline_s:.0f} s reached"
@@ -440,7 +446,9 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
 
 
 def run_benchmark(base_url: str, api: str, bodies: list[dict[str, Any]], schedule: list[float],
-                  concurrency: int | None, **kwargs: Any) -> RunOutcome:
+                  concurrency: int | None, warmup: list[dict[str, Any]] | None = None, **kwargs: Any) -> RunOutcome:
     """Synchronous wrapper: serialize bodies before the clock starts, then run one event loop."""
     encoded = [json.dumps(b).encode() for b in bodies]
-    return asyncio.run(run_requests(base_url, api, encoded, [float(s) for s in schedule], concurrency, **kwargs))
+    warm = [json.dumps(b).encode() for b in warmup or []]
+    return asyncio.run(run_requests(base_url, api, encoded, [float(s) for s in schedule], concurrency,
+                                    warmup_bodies=warm, **kwargs))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import selectors
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from phase6.serving.server import Server, free_port
+from phase6.serving.server import Server, free_port, module_env
 
 FAULTS = (None, "http500", "stall", "disconnect", "malformed", "no_finish")
 USAGE_MODES = ("final", "continuous", "none")
@@ -211,11 +210,9 @@ def start(scripts: list[dict[str, Any]], workdir: Path, port: int = 0, timeout_s
     port = port or free_port()
     cmd = [sys.executable, "-m", "phase6.serving.scripted_server", "--port", str(port), "--scripts", str(path)]
     log_path = workdir / "scripted_server.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                                         os.environ.get("PYTHONPATH", "")])}
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
-    srv = Server("scripted", f"http://127.0.0.1:{port}", cmd, log_path, proc)
+                                start_new_session=True, env=module_env())
+    srv = Server("scripted", f"http://127.0.0.1:{port}", "scripted", cmd, log_path, proc)
     srv.wait_ready(timeout_s)
     return srv

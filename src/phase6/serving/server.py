@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -32,6 +33,8 @@ import httpx
 
 from phase6.config.serve import ServeConfig
 
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per readiness poll otherwise
+
 # Default command prefix per engine (console scripts are looked up next to this interpreter first).
 LAUNCHERS: dict[str, list[str]] = {
     "vllm": ["vllm", "serve"],
@@ -39,6 +42,12 @@ LAUNCHERS: dict[str, list[str]] = {
     "transformers": ["transformers", "serve"],
 }
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "transformers": "transformers"}
+
+
+def module_env() -> dict[str, str]:
+    """This environment with phase6's source root on PYTHONPATH, for ``python -m phase6...`` children."""
+    src = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -150,6 +159,8 @@ class Server:
 
     engine: str
     base_url: str
+    model: str = ""
+    """Model path/id the server was launched with."""
     command: list[str] = field(default_factory=list)
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
@@ -165,6 +176,8 @@ class Server:
         return None
 
     def wait_ready(self, timeout_s: float) -> None:
+        if self.model_id:  # already probed ready (a reused server)
+            return
         t0 = time.perf_counter()
         detail = ""
         while time.perf_counter() - t0 < timeout_s:
@@ -198,7 +211,8 @@ class Server:
             self.proc.wait(timeout=10)
 
     def info(self) -> dict[str, Any]:
-        return {"engine": self.engine, "version": self.version, "base_url": self.base_url, "model_id": self.model_id,
+        return {"engine": self.engine, "version": self.version, "base_url": self.base_url, "model": self.model,
+                "model_id": self.model_id,
                 "command": self.command, "log": str(self.log_path) if self.log_path else None,
                 "startup_s": self.startup_s, "managed": self.proc is not None,
                 "pid": self.proc.pid if self.proc is not None else None}
@@ -216,7 +230,7 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | N
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=full_env)
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    return Server(cfg.engine, f"http://{host}:{port}", cmd, log_path, proc, key=cfg.launch_key())
+    return Server(cfg.engine, f"http://{host}:{port}", model, cmd, log_path, proc, key=cfg.launch_key())
 
 
 # Servers kept across the members of a sweep, keyed by their launch spec.
@@ -231,10 +245,21 @@ def stop_all() -> None:
 atexit.register(stop_all)
 
 
-def acquire(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | None = None) -> tuple[Server, bool]:
-    """A ready server for ``cfg``: (server, reused). External endpoints are probed, never launched."""
+def cached(cfg: ServeConfig) -> Server | None:
+    """The pinned server for ``cfg``'s launch spec if it is still running."""
+    srv = _CACHE.get(cfg.launch_key())
+    return srv if srv is not None and srv.exited() is None else None
+
+
+def acquire(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | None = None,
+            wait: bool = True) -> tuple[Server, bool]:
+    """A server for ``cfg``: (server, reused). External endpoints are probed, never launched.
+
+    ``wait=False`` returns a freshly launched server before it is ready (call ``wait_ready`` after preparing the
+    workload, so the model load and the tokenization overlap).
+    """
     if cfg.endpoint is not None:
-        srv = Server(cfg.engine, cfg.endpoint.rstrip("/"))
+        srv = Server(cfg.engine, cfg.endpoint.rstrip("/"), cfg.model)
         srv.wait_ready(cfg.ready_timeout_s)
         return srv, False
     key = cfg.launch_key()
@@ -243,9 +268,10 @@ def acquire(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | 
         return cached, True
     stop_all()  # a different spec (or a dead server): free the GPUs before starting the next one
     srv = launch(cfg, model, log_path, env)
-    srv.wait_ready(cfg.ready_timeout_s)
     if cfg.pin_server:
         _CACHE[key] = srv
+    if wait:
+        srv.wait_ready(cfg.ready_timeout_s)
     return srv, False
 
 

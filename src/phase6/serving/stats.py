@@ -25,6 +25,7 @@ from phase6.serving.client import RequestResult, RunOutcome
 ROW_KEYS = ("engine", "tp", "concurrency", "request_rate", "throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms",
             "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "goodput_req_s",
             "gpu_hours_per_1m_output_tokens", "usd_per_1m_output_tokens", "completed", "failed")
+EXTRA_ROW_KEYS = ("output_tok_s", "total_tok_s", "req_s")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -45,8 +46,8 @@ def is_good(r: RequestResult, slo: SLOConfig) -> bool:
 
 
 def summarize(outcome: RunOutcome, *, engine: str, tp: int, concurrency: int | None, request_rate: float | None,
-              num_gpus: int, usd_per_gpu_hour: float, slo: SLOConfig) -> dict[str, Any]:
-    """The table row: the issue's exact keys first, then the extra columns (queue, dispatch lag, E2E, ...)."""
+              num_gpus: int, usd_per_gpu_hour: float, slo: SLOConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(row, details): the table row (``ROW_KEYS`` + ``EXTRA_ROW_KEYS``) and every other measured number."""
     ok = [r for r in outcome.results if r.ok]
     sent = [r for r in outcome.results if r.sent]
     dur = outcome.duration_s
@@ -62,11 +63,12 @@ def summarize(outcome: RunOutcome, *, engine: str, tp: int, concurrency: int | N
     lag = [r.dispatch_lag_s * 1e3 for r in sent]
     good = sum(is_good(r, slo) for r in ok)
     span = max((r.dispatch_s for r in sent), default=0.0) - min((r.dispatch_s for r in sent), default=0.0)
-    offered = (len(sent) - 1) / span if len(sent) > 1 and span > 0 else math.nan
+    open_loop = len({r.scheduled_s for r in outcome.results}) > 1  # closed loop queues everything at t = 0
+    offered = (len(sent) - 1) / span if open_loop and len(sent) > 1 and span > 0 else math.nan
     errors = Counter(r.error.split(":")[0] for r in sent if not r.ok)
     retok = [(r.retokenized_tokens, r.output_tokens) for r in ok
              if r.retokenized_tokens is not None and r.tokens_source == "usage" and r.output_tokens > 0]
-    row: dict[str, Any] = {
+    row: dict[str, Any] = {  # the issue's exact keys first
         "engine": engine,
         "tp": tp,
         "concurrency": concurrency,
@@ -88,6 +90,7 @@ def summarize(outcome: RunOutcome, *, engine: str, tp: int, concurrency: int | N
         "req_s": len(ok) / dur if dur > 0 else 0.0,
         "goodput_tok_s": sum(r.output_tokens for r in ok if is_good(r, slo)) / dur if dur > 0 else 0.0,
         "good_fraction": good / outcome.planned if outcome.planned else math.nan,
+        "mean_in_flight": sum(r.end_s - r.dispatch_s for r in sent) / dur if dur > 0 else math.nan,
         "e2e_p50_ms": pct(e2e, 50),
         "e2e_p99_ms": pct(e2e, 99),
         "chunk_gap_p50_ms": pct(gaps, 50),
@@ -115,4 +118,5 @@ def summarize(outcome: RunOutcome, *, engine: str, tp: int, concurrency: int | N
     }
     assert row["completed"] + row["failed"] == outcome.planned
     assert row["sent"] == row["completed"] + row["failed_sent"]
-    return row
+    keep = ROW_KEYS + EXTRA_ROW_KEYS
+    return {k: row[k] for k in keep}, {k: v for k, v in row.items() if k not in keep}

@@ -150,14 +150,19 @@ class Sampler:
 
     def start(self, timeout_s: float = 20.0) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        from phase6.serving.server import module_env
+
+        log = self.out.with_suffix(".log")
+        with log.open("wb") as f:
+            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                         env=module_env())
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:  # the status line says the first samples are on their way
             if self.out.exists() and self.out.stat().st_size > 0:
                 return
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                raise RuntimeError(f"telemetry sampler exited with {self.proc.returncode}: {err[-500:]}")
+                raise RuntimeError(f"telemetry sampler exited with {self.proc.returncode}: "
+                                   f"{log.read_text(errors='replace')[-500:]}")
             time.sleep(0.05)
         raise RuntimeError(f"telemetry sampler wrote nothing to {self.out} in {timeout_s:.0f} s")
 
