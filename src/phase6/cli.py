@@ -55,6 +55,12 @@ def prepare_data(ctx: typer.Context, multirun: bool = MULTIRUN, check_tokenizer:
 
 
 @app.command(context_settings=OVERRIDES)
+def pretrain(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
+    """6A: GPT-2 pretraining (DDP/FSDP2, compile, bf16), predictions before step 1, measured after. torchrun-able."""
+    run("pretrain", ctx.args, multirun)
+
+
+@app.command(context_settings=OVERRIDES)
 def plan(ctx: typer.Context, multirun: bool = MULTIRUN,
          json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the scripting interface)."),
          explain: bool = typer.Option(False, "--explain", help="Print the derivation with every number.")) -> None:

@@ -161,9 +161,11 @@ JOBS: dict[str, JobSpec] = {
     "cost": JobSpec("phase6.config:CostRunConfig", "phase6.cost:main", "GPU-hours and $ per 1M tokens vs API prices"),
     "prepare_data": JobSpec("phase6.config.data:PrepareDataRunConfig", "projects/6a_pretrain/prepare.py:main",
                             "6A: tokenize a corpus into llm.c shards (shard 0 = val) + manifest.json; resumable"),
+    "pretrain": JobSpec("phase6.config.pretrain:PretrainRunConfig", "projects/6a_pretrain/train.py:main", "6A: GPT-2 pretraining, predicted vs measured"),
     "dpo": JobSpec("phase6.config.dpo:DPORunConfig", "projects/6c_dpo/dpo.py:main", "LoRA-DPO/IPO/ORPO + battery + verdict"),
     "plan": JobSpec("phase6.config.plan:PlanRunConfig", "phase6.plan.job:main", "predict memory/comm/time, rank layouts"),
     "fleet": JobSpec("phase6.config.fleet:FleetRunConfig", "phase6.fleet.run:main", "fleet simulation: goodput, routing, PD"),
+    "serve_bench": JobSpec("phase6.config.serve:ServeBenchRunConfig", "projects/6b_serving/serve_bench.py:main", "6B serving table row"),
 }
 
 
