@@ -190,3 +190,14 @@ def test_table_step_time_from_serve_bench(tmp_path: Path) -> None:
     p.write_text(json.dumps({"rows": [{"concurrency": 4, "ttft_p50_ms": 5.0}]}))
     with pytest.raises(ValueError, match=r"rows\[0\] lacks numeric tpot_p50_ms"):
         TableStepTime.from_serve_bench(p, input_tokens=10)
+
+
+def test_pd_prefill_replica_resumes_when_transfers_free_its_kv() -> None:
+    """Saturated decode pool: prefill KV stays held until the decode side has room; a prefill replica blocked on that
+    KV must restart when a transfer frees it (regression: it idled forever and requests never finished)."""
+    w = fixed_lengths(300, 50.0, 600, 200, seed=8)  # 2 blocks at the prefill side, 2 at the decode side
+    r = simulate(w, MODEL, EngineLimits(64, 4096, 6), Topology(prefill=2, decode=1), "least_loaded",
+                 kv_transfer_s=xfer)
+    assert np.isfinite(r.finish_s).all()
+    # prompt done, not finished: <= 3 holding KV at the decode replica + 2 x 3 still held at the prefill replicas
+    assert max_overlap(r.first_token_s, r.finish_s) == 9

@@ -7,7 +7,8 @@ Definitions (serving metrics as in 6B, shared/reference/anchors-6b-serving.md §
 - A rate is *served within SLO* when attainment >= slo.attainment (DistServe's 90 % rule); the max rate within
   SLO is found by bisection on the request rate (each probe is one simulation of the same trace, time-rescaled).
 - GPU-hours and $ per 1M output tokens = num_gpus · 1e6 / (3600 · output tok/s) (``phase6.cost``), for all output
-  tokens and for good requests' tokens only.
+  tokens and for good requests' tokens only; ``usd_per_1m_tokens`` counts prompt + output tokens (the fair unit for
+  prefill-heavy traces such as Mooncake's).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def summarize(res: SimResult, slo: SloConfig, hardware: HardwareConfig,
     out_tok = float(res.output_tokens.sum())
     good_tok = float(res.output_tokens[sel][good].sum())
     tok_s = out_tok / duration if duration > 0 else 0.0
+    all_tok_s = (out_tok + float(res.input_tokens.sum())) / duration if duration > 0 else 0.0
     good_tok_s = good_tok / good_span if good_span > 0 else 0.0
     ttft_ms, tpot_ms = res.ttft_s[sel] * 1e3, res.tpot_s[sel] * 1e3
     multi = res.output_tokens[sel] > 1
@@ -80,6 +82,7 @@ def summarize(res: SimResult, slo: SloConfig, hardware: HardwareConfig,
         "gpu_hours_per_1m_output_tokens": gpu_hours_per_1m_tokens(res.num_gpus, tok_s),
         "usd_per_1m_output_tokens": usd_per_1m_tokens(res.num_gpus, tok_s, hardware.usd_per_gpu_hour),
         "usd_per_1m_good_output_tokens": usd_per_1m_tokens(res.num_gpus, good_tok_s, hardware.usd_per_gpu_hour),
+        "usd_per_1m_tokens": usd_per_1m_tokens(res.num_gpus, all_tok_s, hardware.usd_per_gpu_hour),
         **busy,
         "duration_s": duration,
         "sim_events": res.events,

@@ -44,7 +44,7 @@ FLEET_USD_PER_1M_OUT = "fleet/usd_per_1m_output_tokens"
 FLEET_SIM_REQ_PER_S = "fleet/sim_requests_per_s"
 
 ROW_KEYS = ("offered_rate", "num_gpus", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_attainment",
-            "goodput_req_s", "throughput_tok_s", "prefix_hit_rate", "usd_per_1m_output_tokens")
+            "goodput_req_s", "throughput_tok_s", "prefix_hit_rate", "usd_per_1m_output_tokens", "usd_per_1m_tokens")
 """Columns of the main results table; every other summary column goes to the 'Details' table."""
 
 
@@ -147,6 +147,17 @@ def search_rate(setup: FleetSetup, inp: int, out: int, e2e0: float, topo: Topolo
     return max_rate_within_slo(run_at, slo, start, steps)
 
 
+def capacity_guess(setup: FleetSetup, replicas: int, inp: int, out: int) -> float:
+    """Roofline guess of a colocated fleet's saturation rate (req/s): the smaller of full-batch decode throughput
+    and full-budget prefill throughput. Only the first probe of a rate search; results do not depend on it."""
+    lim, m = setup.limits, setup.model
+    batch = max(1, min(lim.max_num_seqs, lim.kv_blocks // -(-(inp + out) // 512)))
+    decode = batch / (out * m.decode_run_s(batch, batch * (inp + out // 2), 1))
+    per_step = max(1, lim.max_batched_tokens // inp)  # prompts one prefill step holds
+    prefill = per_step / m.step_s(per_step * inp, per_step * inp * (inp + 1) / 2, 0, 0)
+    return replicas * min(decode, prefill)
+
+
 def pd_grid(setup: FleetSetup, cfg: FleetRunConfig, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """'When PD disaggregation pays': prompt/output ratio x SLO scale -> max rate within SLO, colocated vs best P:D."""
     a = cfg.analysis
@@ -157,8 +168,7 @@ def pd_grid(setup: FleetSetup, cfg: FleetRunConfig, log: Callable[[str], None] =
         inp = max(1, round(ratio * out))
         ttft0, tpot0 = unloaded_latency(setup, inp, out)
         e2e0 = ttft0 + (out - 1) * tpot0
-        # A replica serving one request at a time manages 1 / E2E req/s: a safe first probe.
-        start = n / e2e0
+        start = 0.5 * capacity_guess(setup, n, inp, out)
         for scale in a.pd_slo_scales:
             slo = SloConfig(ttft_ms=scale * ttft0 * 1e3, tpot_ms=scale * tpot0 * 1e3, attainment=cfg.slo.attainment)
             args = (slo, start, a.rate_search_steps, a.pd_requests, cfg.run.seed)

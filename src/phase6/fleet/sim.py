@@ -337,6 +337,8 @@ class Replica:
         p = r.prefill_rep
         assert p is not None
         p.cache.release(r.hid, r.blocks - len(r.hid) if r.hid else r.blocks)
+        if p.waiting and not p.busy:  # its admissions may have waited for exactly this KV
+            p._start_step(self.sim.loop.now)
         self.join(r)
 
 
