@@ -156,11 +156,18 @@ def _encode_chunk(texts: list[str]) -> list[np.ndarray]:
 
 
 class _Stats:
-    """Progress display: documents, tokens, tokens/s, ETA (rich), or nothing."""
+    """Progress display (rich): documents, tokens, tokens/s, shard, elapsed and ETA, or nothing.
 
-    def __init__(self, enabled: bool, total_docs: int | None, start_docs: int, start_tokens: int) -> None:
+    The bar counts tokens when their total is known (max_tokens), else documents when theirs is (max_docs, local
+    files, HF split metadata); with neither it shows counts and rate without an ETA.
+    """
+
+    def __init__(
+        self, enabled: bool, total_docs: int | None, total_tokens: int | None, start_docs: int, start_tokens: int
+    ) -> None:
         self.t0 = time.perf_counter()
         self.start_tokens = start_tokens
+        self.by_tokens = total_tokens is not None
         self.progress = None
         if enabled:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -168,23 +175,25 @@ class _Stats:
             self.progress = Progress(
                 TextColumn("[bold]prep"),
                 BarColumn(),
-                TextColumn("{task.completed:,} docs"),
+                TextColumn("{task.fields[docs]:,} docs"),
                 TextColumn("{task.fields[tokens]:,} tok"),
                 TextColumn("{task.fields[tok_s]:,.0f} tok/s"),
-                TextColumn("shard {task.fields[shard]}"),
+                TextColumn("{task.fields[shard]} shards"),
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
             )
+            total, done = (total_tokens, start_tokens) if self.by_tokens else (total_docs, start_docs)
             self.task = self.progress.add_task(
-                "prep", total=total_docs, completed=start_docs, tokens=start_tokens, tok_s=0.0, shard=0
+                "prep", total=total, completed=done, docs=start_docs, tokens=start_tokens, tok_s=0.0, shard=0
             )
             self.progress.start()
 
     def update(self, docs: int, tokens: int, shard: int) -> None:
         if self.progress is not None:
             rate = (tokens - self.start_tokens) / max(time.perf_counter() - self.t0, 1e-9)
-            self.progress.update(self.task, completed=docs, tokens=tokens, tok_s=rate, shard=shard)
+            done = tokens if self.by_tokens else docs
+            self.progress.update(self.task, completed=done, docs=docs, tokens=tokens, tok_s=rate, shard=shard)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -261,7 +270,7 @@ def prepare_shards(
     skip = progress.shards[-1].doc_offset if progress.shards else 0  # tokens of doc_index already in shards
     remaining = cfg.max_tokens - done_tokens if cfg.max_tokens is not None else np.iinfo(np.int64).max
     num_workers = cfg.num_workers if cfg.num_workers is not None else max(1, (os.cpu_count() or 2) // 2)
-    stats = _Stats(show_progress, cfg.max_docs or source.num_docs, doc_index, done_tokens)
+    stats = _Stats(show_progress, cfg.max_docs or source.num_docs, cfg.max_tokens, doc_index, done_tokens)
 
     def capacity(index: int) -> int:
         return cfg.num_val_tokens if index == 0 else cfg.shard_tokens

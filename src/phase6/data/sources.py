@@ -67,7 +67,8 @@ def resolve_source(cfg: DataConfig) -> Source:
     files = f"/{cfg.data_files}" if cfg.data_files else ""
     label = f"hf:{repo}/{subset or 'default'}/{cfg.split}{files}"
     if is_hub_repo(repo):
-        return Source(label, resolve_hf_revision(repo, cfg.revision), None, cfg)
+        revision = resolve_hf_revision(repo, cfg.revision)
+        return Source(label, revision, hf_num_docs(repo, subset, cfg.split, revision, cfg.data_files), cfg)
     if not cfg.data_files:
         raise ValueError(f"data.data_files: is required for the packaged builder data.dataset={repo!r}")
     matched = sorted(Path(p) for p in glob.glob(cfg.data_files))
@@ -219,6 +220,19 @@ def resolve_hf_revision(repo: str, revision: str | None) -> str:
             f"data.revision: could not resolve {repo}@{revision or 'main'} to a commit "
             f"({type(e).__name__}: {e}); pass data.revision=<40-hex commit sha>"
         ) from None
+
+
+def hf_num_docs(repo: str, subset: str | None, split: str, revision: str, data_files: str | None) -> int | None:
+    """Rows of the split from the dataset card's metadata, for the progress bar's ETA only (None if not listed)."""
+    if data_files is not None:
+        return None  # the card counts the whole split, not a file subset
+    import datasets
+
+    try:
+        splits = datasets.load_dataset_builder(repo, name=subset, revision=revision).info.splits
+        return int(splits[split].num_examples) if splits and split in splits else None
+    except Exception:  # metadata only feeds the ETA; the stream itself reports real errors
+        return None
 
 
 def hf_documents(
