@@ -333,3 +333,6 @@ def test_bpe_prep_ships_its_tokenizer(tmp_path: Path, corpus: tuple[Path, list[s
     assert int((tokens == m.tokenizer.eot_token).sum()) == len(docs)
     assert m.num_tokens < len(_expected_stream(docs))  # merges compress relative to bytes
     assert load_data_tokenizer(out).decode(tokens.tolist()) == "".join(docs)
+    # a resumed BPE prep reuses the trained file; a changed BPE setting is refused, not silently ignored
+    with pytest.raises(ValueError, match="cannot resume: bpe"):
+        prepare_shards(_cfg(tmp_path, src, "bpe", tokenizer="bpe", bpe_vocab_size=320), show_progress=False)

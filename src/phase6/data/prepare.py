@@ -109,15 +109,26 @@ def resolve_tokenizer_name(cfg: DataConfig) -> str:
     return "gpt2" if gpt2_available(cfg.tokenizer_dir) else "byte"
 
 
-def build_prep_tokenizer(cfg: DataConfig, name: str, source: Source, out_dir: Path) -> tuple[Tokenizer, str | None]:
-    """The tokenizer for this prep and the path its worker processes load it from."""
+def build_prep_tokenizer(
+    cfg: DataConfig, name: str, source: Source, out_dir: Path, *, train: bool
+) -> tuple[Tokenizer, str | None]:
+    """The tokenizer for this prep and the path its worker processes load it from.
+
+    tokenizer=bpe is trained by a fresh prep (``train``; a leftover file is overwritten) and saved in out_dir; a
+    resumed prep reuses that file, whose sha256 the progress fingerprint pins.
+    """
     if name == "gpt2":
         return TiktokenGPT2(cfg.tokenizer_dir), cfg.tokenizer_dir
     if name == "byte":
         return load_tokenizer("byte"), None
     path = out_dir / BPE_FILE
-    if not path.exists():  # trained once; a resumed prep reuses the saved file (checked by the fingerprint)
+    if train:
         train_bpe(islice(source.documents(), cfg.bpe_train_docs), cfg.bpe_vocab_size, path)
+    elif not path.exists():
+        raise ValueError(
+            f"{path}: missing, but {out_dir / PROGRESS_NAME} says this prep trained it; start over in "
+            "an empty data.out_dir"
+        )
     return BPETokenizer(path), str(path)
 
 
@@ -139,6 +150,7 @@ def fingerprint(cfg: DataConfig, source: Source, tok: TokenizerInfo) -> dict[str
         "num_val_tokens": cfg.num_val_tokens,
         "max_docs": cfg.max_docs,
         "max_tokens": cfg.max_tokens,
+        "bpe": {"vocab_size": cfg.bpe_vocab_size, "train_docs": cfg.bpe_train_docs} if tok.name == "bpe" else None,
     }
 
 
@@ -244,16 +256,17 @@ def prepare_shards(
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     source = resolve_source(cfg)
+    progress = Progress.load(out_dir)
+    if progress is None and (out_dir / MANIFEST_NAME).exists():
+        raise ValueError(f"{out_dir}: has a manifest.json but no progress.json; choose an empty data.out_dir")
     tok_name = resolve_tokenizer_name(cfg)
-    tok, tok_path = build_prep_tokenizer(cfg, tok_name, source, out_dir)
+    tok, tok_path = build_prep_tokenizer(cfg, tok_name, source, out_dir, train=progress is None)
     info = tokenizer_info(tok)
     fp = fingerprint(cfg, source, info)
 
-    progress = Progress.load(out_dir)
     if progress is None:
-        if (out_dir / MANIFEST_NAME).exists():
-            raise ValueError(f"{out_dir}: has a manifest.json but no progress.json; choose an empty data.out_dir")
         progress = Progress(fp)
+        progress.save(out_dir)  # from here on a rerun resumes (and reuses a trained BPE)
     else:
         _check_same(fp, progress.fingerprint, out_dir / PROGRESS_NAME)
         if progress.done:
