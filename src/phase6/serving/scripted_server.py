@@ -14,6 +14,9 @@ script 0). A script fixes when every chunk leaves the server, how many tokens it
   the connection open), ``disconnect`` (abort the TCP connection before chunk ``fault_at``), ``malformed`` (chunk
   ``fault_at`` is broken JSON), ``no_finish`` (end the stream without finish_reason or [DONE]).
 
+With ``--scripts`` it also stands in for an engine in lifecycle tests (``serve.launcher=[python, -m,
+phase6.serving.scripted_server, --scripts, f.json]``): the model positional and engine flags are accepted and ignored.
+
 The loop uses ``select()`` (microsecond timeouts) instead of epoll (millisecond timeouts) so a chunk leaves
 within tens of microseconds of its target. ``/metrics`` exposes vLLM-style gauges of the in-flight count.
 
@@ -191,10 +194,13 @@ def serve(scripts: list[dict[str, Any]], host: str, port: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", nargs="?", default="scripted", help="ignored (accepted so it can stand in for vllm serve)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--scripts", required=True, help="JSON list of scripts (see module docstring)")
-    args = p.parse_args(argv)
+    args, unknown = p.parse_known_args(argv)  # engine flags of the command it stands in for are ignored
+    if unknown:
+        print(f"ignoring engine flags: {' '.join(unknown)}", flush=True)
     serve(load_scripts(args.scripts), args.host, args.port)
 
 

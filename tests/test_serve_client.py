@@ -1,0 +1,220 @@
+"""6B client against the timing-controlled scripted server: faults, token accounting, pool size, timing accuracy."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from phase6.serving import scripted_server
+from phase6.serving.client import RequestResult, _parse_event, _Stream, run_benchmark
+from phase6.serving.workload import build_schedule
+
+
+class WordTok:
+    """A tokenizer where every whitespace-separated word is one token (the scripted server sends 'tok ' words)."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        return text.split()
+
+    def decode(self, ids: list[str], skip_special_tokens: bool = False) -> str:
+        return " ".join(ids)
+
+
+SCRIPTS: list[dict[str, Any]] = [
+    {"ttft_s": 0.05, "gaps_s": [0.01] * 4},                                                  # 0 plain
+    {"ttft_s": 0.05, "gaps_s": [0.04, 0.02], "tokens": [1, 3, 2], "usage": "continuous"},    # 1 multi-token chunks
+    {"fault": "http500"},                                                                    # 2
+    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "stall", "fault_at": 2},                 # 3
+    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "disconnect", "fault_at": 2},            # 4
+    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "malformed", "fault_at": 1},             # 5
+    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "no_finish"},                            # 6
+    {"ttft_s": 0.02, "gaps_s": [0.01] * 3, "done": False},                                   # 7 transformers style
+    {"ttft_s": 0.02, "gaps_s": [0.01, 0.01], "tokens": [2, 1, 3], "usage": "none"},          # 8 no usage at all
+    {"ttft_s": 0.2, "gaps_s": [0.05]},                                                       # 9 slow first token
+    {"ttft_s": 0.05, "gaps_s": [0.05] * 200},                                                # 10 long
+    {"ttft_s": 1.0, "gaps_s": []},                                                           # 11 one token at 1 s
+]
+
+
+def body(i: int, api: str = "chat") -> dict[str, Any]:
+    b: dict[str, Any] = {"model": "scripted", "stream": True, "max_tokens": 8}
+    if api == "chat":
+        b["messages"] = [{"role": "user", "content": f"script:{i}"}]
+    else:
+        b["prompt"] = f"script:{i}"
+    return b
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    srv = scripted_server.start(SCRIPTS, tmp_path_factory.mktemp("scripted"))
+    yield srv
+    srv.stop()
+
+
+def run(srv, ids: list[int], concurrency: int | None = None, api: str = "chat", **kw: Any):
+    return run_benchmark(srv.base_url, api, [body(i, api) for i in ids], [0.0] * len(ids), concurrency, **kw)
+
+
+def test_faults_fail_with_reasons_and_every_request_is_accounted(server) -> None:
+    ids = list(range(9))
+    out = run(server, ids, read_timeout_s=1.0, request_timeout_s=10.0)
+    by = {r.index: r for r in out.results}
+    assert [i for i in ids if by[i].ok] == [0, 1, 7, 8]
+    assert by[2].error.startswith("HTTP 500") and by[2].status == 500
+    assert by[3].error.startswith("timeout: no data for") and len(by[3].chunk_times_s) == 2  # partial data kept
+    assert "ClientPayloadError" in by[4].error or "ServerDisconnected" in by[4].error
+    assert by[5].error.startswith("malformed SSE data")
+    assert by[6].error.startswith("stream ended without finish_reason or [DONE]")
+    assert (out.planned, out.sent, out.completed, out.failed, out.not_sent) == (9, 9, 4, 5, 0)
+    assert by[7].ok and by[7].finish_reason == "length"  # no [DONE] (transformers serve) is fine
+    assert 0.9 < by[3].end_s < 3.0  # the stall ended at the read timeout, not at the 1 h script
+
+
+def test_multi_token_chunks_count_every_token(server) -> None:
+    r = run(server, [1, 0], api="completions").results[0]
+    assert r.ok and r.chunk_tokens == [1, 3, 2] and r.chunk_tokens_source == "usage" and r.output_tokens == 6
+    g1 = r.chunk_times_s[1] - r.chunk_times_s[0]
+    g2 = r.chunk_times_s[2] - r.chunk_times_s[1]
+    assert r.itl_samples_s() == pytest.approx([g1 / 3] * 3 + [g2 / 2] * 2)
+    assert r.chunk_gaps_s() == pytest.approx([g1, g2])
+    assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 5)
+    assert g1 == pytest.approx(0.04, abs=0.01) and g2 == pytest.approx(0.02, abs=0.01)
+
+
+def test_token_count_fallbacks_are_flagged(server) -> None:
+    with_tok = run(server, [8], tokenizer=WordTok()).results[0]
+    assert with_tok.ok and with_tok.tokens_source == "tokenizer" and with_tok.output_tokens == 6
+    assert with_tok.chunk_tokens == [2, 1, 3] and with_tok.chunk_tokens_source == "tokenizer"
+    bare = run(server, [8]).results[0]
+    assert bare.tokens_source == "chunks" and bare.output_tokens == 3 and bare.chunk_tokens == [1, 1, 1]
+    final = run(server, [0], tokenizer=WordTok()).results[0]
+    assert final.tokens_source == "usage" and final.retokenized_tokens == final.output_tokens == 5
+
+
+def test_role_only_chunk_is_not_the_first_token(server) -> None:
+    r = run(server, [9]).results[0]  # the chat stream opens with a role-only chunk at once; content at 200 ms
+    assert r.ok and r.ttft_s >= 0.2
+
+
+def test_pool_is_sized_to_the_concurrency_not_capped_at_100(server) -> None:
+    t = time.perf_counter()
+    out = run(server, [11] * 256, concurrency=256)
+    wall = time.perf_counter() - t
+    assert out.completed == 256
+    # aiohttp's default connector (limit=100) would run three waves of 1 s each
+    assert wall < 2.5 and max(r.ttft_s for r in out.results) < 1.6
+
+
+def test_closed_loop_keeps_exactly_c_in_flight(server) -> None:
+    out = run(server, [0] * 40, concurrency=4)
+    events = sorted([(r.send_s, 1) for r in out.results] + [(r.end_s, -1) for r in out.results])
+    level = peak = 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    assert peak == 4 and out.completed == 40
+    assert all(r.queue_s >= 0 for r in out.results) and max(r.queue_s for r in out.results) > 0.1
+
+
+def test_server_crash_mid_run_is_counted_and_ends_the_run(tmp_path: Path) -> None:
+    srv = scripted_server.start(SCRIPTS, tmp_path)
+    killer = threading.Timer(0.6, lambda: os.killpg(srv.proc.pid, signal.SIGKILL))
+    killer.start()
+    t = time.perf_counter()
+    try:
+        out = run_benchmark(srv.base_url, "chat", [body(10) for _ in range(30)], np.linspace(0, 3, 30).tolist(),
+                            None, abort_check=srv.exited)
+    finally:
+        killer.cancel()
+        srv.stop()
+    assert time.perf_counter() - t < 5.0
+    assert out.abort_reason is not None and "exited" in out.abort_reason
+    assert out.completed == 0 and out.sent + out.not_sent == 30 and out.failed == out.sent > 0
+    assert all(r.error for r in out.results if r.sent)
+
+
+def test_sse_parser_handles_comments_multiline_data_and_errors() -> None:
+    r, s = RequestResult(0, 0.0), _Stream()
+    _parse_event(b": keep-alive", 0.1, r, s)
+    _parse_event(b'data: {"choices": [{"delta": {"content": "a"}}],\ndata: "usage": {"completion_tokens": 1}}', 0.2,
+                 r, s)
+    assert r.chunk_times_s == [0.2] and s.cum_usage == [1]
+    _parse_event(b'data: {"choices": [{"delta": {"reasoning_content": "b"}, "finish_reason": "stop"}]}', 0.3, r, s)
+    assert r.chunk_times_s == [0.2, 0.3] and r.finish_reason == "stop"
+    _parse_event(b"data: [DONE]", 0.4, r, s)
+    assert s.done
+    with pytest.raises(ValueError, match="server error in stream"):
+        _parse_event(b'data: {"error": "CB worker is dead"}', 0.5, r, s)
+    with pytest.raises(ValueError, match="malformed SSE data"):
+        _parse_event(b"data: {oops", 0.5, r, s)
+
+
+def timing_scripts(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        chunks = int(rng.integers(8, 20))
+        out.append({"ttft_s": round(float(rng.uniform(0.02, 0.2)), 4),
+                    "gaps_s": rng.uniform(0.02, 0.1, chunks - 1).round(4).tolist(),
+                    "tokens": rng.integers(1, 4, chunks).tolist(),
+                    "usage": "continuous" if i % 2 else "final", "done": bool(i % 3)})
+    return out
+
+
+def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> None:
+    """Measured TTFT and per-token ITL vs the script: |error| p50 <= 1 ms, p99 <= 3 ms; Poisson rate within 1 %.
+
+    Open loop at the rate that keeps ~256 streams in flight (~4,300 chunks/s through one asyncio client on 2
+    cores). The server times each script from the client's send time (x-send-time, same host clock), so the error
+    is what the harness adds: HTTP transfer, event-loop delays and the timestamping itself.
+    """
+    load = os.getloadavg()[0]
+    if load > 0.75 * (os.cpu_count() or 1):
+        pytest.skip(f"load average {load:.1f} on {os.cpu_count()} cores: the 1 ms / 3 ms bounds need idle cores "
+                    "(projects/6b_serving/bench_client.py measures the same under any load)")
+    n = 1024
+    scripts = timing_scripts(n, seed=0)
+    srv = scripted_server.start(scripts, tmp_path)
+    try:
+        mean_s = float(np.mean([s["ttft_s"] + sum(s["gaps_s"]) for s in scripts]))
+        rate = 256 / mean_s
+        schedule = build_schedule("poisson", n, seed=0, request_rate=rate)
+        warm = [body(i) for i in range(64)]
+        out = run_benchmark(srv.base_url, "chat", [body(i) for i in range(n)], schedule.tolist(), None,
+                            warmup=warm, tokenizer=WordTok(), send_time_header=True)
+    finally:
+        srv.stop()
+    assert out.completed == n and out.failed == 0 and out.not_sent == 0
+    ttft_err, itl_err = [], []
+    for r in out.results:
+        sc = scripts[r.index]
+        ttft_err.append(abs(r.ttft_s - sc["ttft_s"]) * 1e3)
+        want = [g / k for g, k in zip(sc["gaps_s"], sc["tokens"][1:], strict=True) for _ in range(k)]
+        got = r.itl_samples_s()
+        assert len(got) == len(want), r.index
+        itl_err += [abs(a - b) * 1e3 for a, b in zip(got, want, strict=True)]
+    sent = sorted(r.dispatch_s for r in out.results)
+    offered = (n - 1) / (sent[-1] - sent[0])
+    events = sorted([(r.send_s, 1) for r in out.results] + [(r.end_s, -1) for r in out.results])
+    level, peak = 0, 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    report = (f"TTFT |err| p50 {np.percentile(ttft_err, 50):.3f} p99 {np.percentile(ttft_err, 99):.3f} ms; "
+              f"ITL |err| p50 {np.percentile(itl_err, 50):.3f} p99 {np.percentile(itl_err, 99):.3f} ms; "
+              f"offered {offered:.1f} vs {rate:.1f} req/s; peak in flight {peak}")
+    print(report)
+    assert peak >= 240, report
+    assert abs(offered / rate - 1) < 0.01, report
+    assert np.percentile(ttft_err, 50) <= 1.0 and np.percentile(itl_err, 50) <= 1.0, report
+    assert np.percentile(ttft_err, 99) <= 3.0 and np.percentile(itl_err, 99) <= 3.0, report
+    assert not any(math.isnan(x) for x in ttft_err)
