@@ -8,7 +8,8 @@ Derived values (padded vocab, grad-accumulation steps, tokens per step) are meth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
 from phase6.config.data import DataConfig
@@ -18,6 +19,13 @@ PARALLEL_MODES = ("ddp", "fsdp2")
 SANITY_MODES = ("none", "overfit_batch")
 DTYPES = ("auto", "bf16", "fp32")
 COMPILE_MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def check_justify(group: Any, key: str) -> None:
+    """`justify:` may only name real fields of its group (a typo would silently drop a row from results.md)."""
+    names = {f.name for f in fields(group)} - {"justify", "name"}
+    unknown = sorted(set(group.justify) - names)
+    require(not unknown, f"{key}.justify", f"names unknown fields {unknown}; fields are {sorted(names)}")
 
 
 @dataclass
@@ -46,6 +54,7 @@ class ModelConfig:
     """One-line justification + source per field name, rendered into results.md."""
 
     def __post_init__(self) -> None:
+        check_justify(self, "model")
         for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pad_vocab_multiple"):
             require(getattr(self, key) > 0, f"model.{key}", f"must be > 0, got {getattr(self, key)}")
         require(
@@ -98,6 +107,7 @@ class OptimConfig:
     """One-line justification + source per field name, rendered into results.md."""
 
     def __post_init__(self) -> None:
+        check_justify(self, "optim")
         require(self.schedule in SCHEDULES, "optim.schedule", f"must be one of {SCHEDULES}, got {self.schedule!r}")
         require(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
         require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
@@ -120,8 +130,8 @@ class ParallelConfig:
     """Preset name."""
     mode: str = "ddp"
     """'ddp' (replicate, all-reduce grads) or 'fsdp2' (fully_shard per block, bf16 params / fp32 reduce)."""
-    compile: bool = False
-    """torch.compile the model (whole model under DDP, per block under FSDP2)."""
+    compile: bool | None = None
+    """torch.compile the model (whole model under DDP, per block under FSDP2); None = on for CUDA, off for CPU."""
     compile_mode: str | None = None
     """torch.compile mode (None = default; 'max-autotune-no-cudagraphs' tunes matmuls without CUDA graphs)."""
     activation_checkpointing: bool = False
@@ -132,6 +142,7 @@ class ParallelConfig:
     """One-line justification + source per field name, rendered into results.md."""
 
     def __post_init__(self) -> None:
+        check_justify(self, "parallel")
         require(self.mode in PARALLEL_MODES, "parallel.mode", f"must be one of {PARALLEL_MODES}, got {self.mode!r}")
         require(
             self.compile_mode in COMPILE_MODES,
@@ -174,6 +185,7 @@ class TrainConfig:
     """One-line justification + source per field name, rendered into results.md."""
 
     def __post_init__(self) -> None:
+        check_justify(self, "train")
         for key in ("micro_batch_size", "seq_len", "total_batch_tokens", "max_steps", "keep_checkpoints"):
             require(getattr(self, key) > 0, f"train.{key}", f"must be > 0, got {getattr(self, key)}")
         for key in ("val_every", "val_tokens", "ckpt_every", "dry_run_steps"):
@@ -198,6 +210,33 @@ class TrainConfig:
 
 
 @dataclass
+class PredictConfig:
+    """Predict-first settings: the numbers written before step 1 (phase6.plan.pretrain.predict_pretrain)."""
+
+    mfu: float | None = None
+    """Assumed MFU (0-1) for the tokens/s prediction; None = the planner's prior for the model size."""
+    loss_ref_params: float | None = None
+    """Reference run N for the loss offset delta = L_ref - L_fit(N_ref, D_ref); None = llm.c 124M on FineWeb."""
+    loss_ref_tokens: float | None = None
+    """Reference run D (tokens)."""
+    loss_ref_val_loss: float | None = None
+    """Reference run's measured val loss (e.g. 6A's own 124M run, or HF gpt2 on the same val shard)."""
+    loss_ref_source: str = ""
+    """Where the reference point comes from (shown next to the prediction)."""
+    scaling_presets: list[str] = field(default_factory=lambda: ["gpt2_350m", "gpt2_1.3b"])
+    """Other model presets (configs/pretrain/model/) predicted at the same token budget and hardware."""
+
+    def __post_init__(self) -> None:
+        require(self.mfu is None or 0 < self.mfu <= 1, "predict.mfu", f"must be in (0, 1] or null, got {self.mfu}")
+        ref = (self.loss_ref_params, self.loss_ref_tokens, self.loss_ref_val_loss)
+        require(
+            all(v is None for v in ref) or all(v is not None and v > 0 for v in ref),
+            "predict.loss_ref_params",
+            f"loss_ref_params / loss_ref_tokens / loss_ref_val_loss must be all null or all > 0, got {ref}",
+        )
+
+
+@dataclass
 class PretrainRunConfig:
     """`phase6 pretrain`: GPT-2 pretraining with predictions written before step 1 and checked at the end."""
 
@@ -213,8 +252,7 @@ class PretrainRunConfig:
     """'auto' (cuda:LOCAL_RANK if available, else cpu), 'cuda' or 'cpu'."""
     prepare_data: bool = True
     """Tokenize data.* into data.out_dir first when it holds no shards (the embedded corpus takes seconds)."""
-    val_loss_offset: float | None = None
-    """delta of the loss prediction L_fit(N, D) + delta; None = the planner's default reference point."""
+    predict: PredictConfig = field(default_factory=PredictConfig)
 
     def __post_init__(self) -> None:
         require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
@@ -223,3 +261,12 @@ class PretrainRunConfig:
             "train.seq_len",
             f"({self.train.seq_len}) must be <= model.block_size ({self.model.block_size})",
         )
+
+    def hyperparameter_rows(self) -> list[dict[str, Any]]:
+        """results.md table: every justified value with its one-line justification, read from the config itself."""
+        rows = []
+        for key in ("model", "optim", "parallel", "train"):
+            group = getattr(self, key)
+            for name, why in group.justify.items():
+                rows.append({"hyperparameter": f"{key}.{name}", "value": getattr(group, name), "why (source)": why})
+        return rows
