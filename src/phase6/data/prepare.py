@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -281,7 +282,7 @@ def prepare_shards(
     done_tokens = progress.shards[-1].total_tokens if progress.shards else 0
     doc_index = progress.shards[-1].next_doc if progress.shards else 0
     skip = progress.shards[-1].doc_offset if progress.shards else 0  # tokens of doc_index already in shards
-    remaining = cfg.max_tokens - done_tokens if cfg.max_tokens is not None else np.iinfo(np.int64).max
+    remaining = cfg.max_tokens - done_tokens if cfg.max_tokens is not None else sys.maxsize
     num_workers = cfg.num_workers if cfg.num_workers is not None else max(1, (os.cpu_count() or 2) // 2)
     stats = _Stats(show_progress, cfg.max_docs or source.num_docs, cfg.max_tokens, doc_index, done_tokens)
 

@@ -200,7 +200,9 @@ def read_header(path: str | Path) -> int:
     if version != VERSION:
         raise ValueError(f"{path}: unsupported shard version {version}; expected {VERSION}")
     expected = HEADER_BYTES + num_tokens * TOKEN_DTYPE.itemsize
-    if num_tokens <= 0 or size < expected:
+    if num_tokens <= 0:
+        raise ValueError(f"{path}: header says {num_tokens} tokens; a shard holds at least one")
+    if size < expected:
         raise ValueError(
             f"{path}: truncated shard: header says {num_tokens} tokens ({expected} bytes), file has {size}"
         )
