@@ -7,10 +7,10 @@ insertion, so both give identical results):
   KV transfer    (PD) a prompt's KV arrived at the decode replica
 
 A replica step (vLLM V1 scheduling): every running decode sequence contributes one token; the rest of the
-``max_batched_tokens`` budget goes to prefill chunks of admitted requests in arrival order (chunked prefill). A
-waiting request is admitted (FCFS, head-of-line) when fewer than ``max_num_seqs`` sequences run and its KV blocks
-(prompt + output, 512 tokens each, minus cached prefix blocks) fit, evicting LRU prefix blocks if needed; KV is
-reserved for the whole output at admission, so there is no preemption. The step that completes a prompt produces
+``max_batched_tokens`` budget goes to prefill chunks of admitted requests in arrival order (chunked prefill), then to
+new admissions: a waiting request is admitted (FCFS, head-of-line) only while the step has budget left, fewer than
+``max_num_seqs`` sequences run and its KV blocks (prompt + output, 512 tokens each, minus cached prefix blocks) fit,
+evicting LRU prefix blocks if needed; KV is reserved for the whole output at admission (no preemption). The step that completes a prompt produces
 the first token (TTFT); each later step produces one token (TPOT = (E2E - TTFT) / (output - 1)).
 
 Decode-only runs: when no prefill work is pending, the batch cannot change before its next sequence finishes, so
@@ -176,40 +176,52 @@ class Replica:
             self._truncate(now)
 
     # -- scheduling ----------------------------------------------------------------------------------------------------
-    def _admit(self, now: float) -> None:
-        sim, cache, waiting = self.sim, self.cache, self.waiting
-        while waiting and len(self.prefilling) + self.n_dec < self.max_seqs:
-            r = waiting[0]
-            hid = r.hid
-            m = cache.match(hid) if hid else 0
-            hit = min(m * BLOCK_TOKENS, r.n_in - 1)
-            need = r.blocks - m
-            if not cache.acquire(hid, m, need):
-                break  # head-of-line: FCFS admission
-            waiting.popleft()
-            sim.n_waiting -= 1
-            sim.wait_area_add(now)
-            r.hit, r.m, r.done, r.private, r.admit_s = hit, m, hit, need, now
-            self.queued_prefill_tokens += (r.n_in - hit) - r.pending
-            r.pending = r.n_in - hit
-            self.prefilling.append(r)
+    def _admit_head(self, now: float) -> _Req | None:
+        """Admit the first waiting request if its KV fits (evicting LRU prefix blocks); FCFS, head-of-line."""
+        sim, cache = self.sim, self.cache
+        r = self.waiting[0]
+        hid = r.hid
+        m = cache.match(hid) if hid else 0
+        hit = min(m * BLOCK_TOKENS, r.n_in - 1)
+        need = r.blocks - m
+        if not cache.acquire(hid, m, need):
+            return None
+        self.waiting.popleft()
+        sim.n_waiting -= 1
+        sim.wait_area_add(now)
+        r.hit, r.m, r.done, r.private, r.admit_s = hit, m, hit, need, now
+        self.queued_prefill_tokens += (r.n_in - hit) - r.pending
+        r.pending = r.n_in - hit
+        self.prefilling.append(r)
+        return r
 
     def _start_step(self, now: float) -> None:
-        if self.role == "decode":
-            if self.ready:
-                for r in self.ready:
-                    heapq.heappush(self.dheap, (self.steps + r.n_out - 1, r.i, r))
-                    self.n_dec += 1
-                    self.ctx_sum += r.n_in + 1
-                self.ready = []
-        elif self.waiting:
-            self._admit(now)
+        if self.role == "decode" and self.ready:
+            for r in self.ready:
+                heapq.heappush(self.dheap, (self.steps + r.n_out - 1, r.i, r))
+                self.n_dec += 1
+                self.ctx_sum += r.n_in + 1
+            self.ready = []
+        # Token budget (vLLM V1 order): one token per running decode, then running prefills, then new admissions.
+        # A waiting request is admitted only while this step still has budget, so KV is allocated when its first
+        # chunk runs, not while it queues (queued prompts would otherwise pin KV and evict the prefix cache).
         chunks = self.chunks = []
         budget = self.budget - self.n_dec
         p_tokens = 0
         pairs = 0.0
         for r in self.prefilling:
             if budget <= 0:
+                break
+            c = r.n_in - r.done
+            if c > budget:
+                c = budget
+            pairs += c * r.done + c * (c + 1) / 2
+            p_tokens += c
+            budget -= c
+            chunks.append((r, c))
+        while budget > 0 and self.waiting and len(self.prefilling) + self.n_dec < self.max_seqs:
+            r = self._admit_head(now)
+            if r is None:
                 break
             c = r.n_in - r.done
             if c > budget:
