@@ -1,0 +1,136 @@
+"""6B server lifecycle (command lines, readiness, log tail, process-group stop, sweep cache) and telemetry."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from phase6.config.serve import ServeConfig
+from phase6.serving import scripted_server, server, telemetry
+
+
+def test_command_lines_pass_engine_args_through() -> None:
+    cfg = ServeConfig(engine="vllm", model="m", tp=2, dtype="bfloat16", max_model_len=4096,
+                      engine_args={"load-format": "dummy", "enforce-eager": True, "enable-chunked-prefill": False})
+    cmd = server.build_command(cfg, "m", 8001)
+    assert cmd[1:] == ["serve", "m", "--host", "127.0.0.1", "--port", "8001", "--tensor-parallel-size", "2",
+                       "--dtype", "bfloat16", "--max-model-len", "4096", "--load-format", "dummy", "--enforce-eager"]
+    sg = server.build_command(ServeConfig(engine="sglang", tp=4, engine_args={"disable-radix-cache": True}), "m", 1)
+    assert sg[1:3] == ["-m", "sglang.launch_server"] and sg[sg.index("--tp-size") + 1] == "4"
+    assert "--enable-metrics" in sg and "--context-length" in sg and sg[-1] == "--disable-radix-cache"
+    tf = server.build_command(ServeConfig(engine="transformers", tp=1, max_model_len=None,
+                                          engine_args={"continuous-batching": True, "device": "cpu"}), "/d", 5)
+    assert tf[1:] == ["serve", "/d", "--host", "127.0.0.1", "--port", "5", "--dtype", "auto", "--continuous-batching",
+                      "--device", "cpu"]
+    with pytest.raises(ValueError, match="serve.tp: transformers serve has no tensor parallelism"):
+        server.build_command(ServeConfig(engine="transformers", tp=2), "/d", 5)
+
+
+def fake(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_not_ready_times_out_with_the_log_tail_and_kills_the_group(tmp_path: Path) -> None:
+    cfg = ServeConfig(engine="vllm", launcher=fake("import time; print('loading shard 3/30', flush=True); "
+                                                   "time.sleep(120)"), ready_timeout_s=2.0, pin_server=False)
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"(?s)not ready after 2 s.*loading shard 3/30"):
+        server.acquire(cfg, "m", tmp_path / "server.log")
+    assert time.perf_counter() - t < 30
+    srv_cmd = (tmp_path / "server.log").read_text().splitlines()[0]
+    assert srv_cmd.startswith("$ ") and "--tensor-parallel-size" in srv_cmd
+
+
+def test_exit_during_startup_fails_at_once(tmp_path: Path) -> None:
+    cfg = ServeConfig(engine="sglang", launcher=fake("import sys; print('CUDA out of memory'); sys.exit(3)"),
+                      ready_timeout_s=60, pin_server=False)
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3 during startup.*CUDA out of memory"):
+        server.acquire(cfg, "m", tmp_path / "server.log")
+    assert time.perf_counter() - t < 20
+
+
+def test_sweep_cache_reuses_until_the_launch_spec_changes(tmp_path: Path) -> None:
+    scripts = tmp_path / "scripts.json"
+    scripts.write_text(json.dumps([{"ttft_s": 0.01, "gaps_s": [0.01]}]))
+    # bash keeps a `sleep` child in the server's process group: stop() must take it down too
+    launcher = ["bash", "-c", 'sleep 300 & exec "$0" "$@"', sys.executable, "-m", "phase6.serving.scripted_server",
+                "--scripts", str(scripts)]
+    tp2 = ServeConfig(engine="vllm", launcher=launcher, tp=2, ready_timeout_s=30)
+    try:
+        a, reused_a = server.acquire(tp2, "m", tmp_path / "a.log")
+        b, reused_b = server.acquire(ServeConfig(engine="vllm", launcher=launcher, tp=2, ready_timeout_s=30), "m",
+                                     tmp_path / "b.log")
+        assert (reused_a, reused_b) == (False, True) and a is b and a.model_id == "scripted"
+        assert a.version == "scripted-1"  # from GET /version, as vLLM reports it
+        c, reused_c = server.acquire(ServeConfig(engine="vllm", launcher=launcher, tp=4, ready_timeout_s=30), "m",
+                                     tmp_path / "c.log")
+        assert not reused_c and c.proc.pid != a.proc.pid and a.exited() is not None
+        with pytest.raises(ProcessLookupError):  # the old group (server + its sleep child) is gone
+            os.killpg(a.proc.pid, 0)
+    finally:
+        server.stop_all()
+    assert c.exited() is not None
+
+
+def test_external_endpoint_is_probed_not_launched(tmp_path: Path) -> None:
+    srv = scripted_server.start([{"ttft_s": 0.0}], tmp_path)
+    try:
+        ext, reused = server.acquire(ServeConfig(engine="openai", endpoint=srv.base_url + "/"), "m", tmp_path / "x")
+        assert ext.proc is None and not reused and ext.model_id == "scripted" and ext.base_url == srv.base_url
+        ext.stop()  # a no-op for servers we did not start
+        assert srv.exited() is None
+    finally:
+        srv.stop()
+
+
+VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 12.0
+vllm:num_requests_running{engine="1",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:generation_tokens_total{engine="0",model_name="m"} 1.5e+04
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 2.0
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 8.0
+"""
+SGLANG_METRICS = """sglang:num_running_reqs{model_name="m"} 7
+sglang:num_queue_reqs{model_name="m"} 1
+sglang:token_usage{model_name="m"} 0.31
+"""
+
+
+def test_prometheus_dialects() -> None:
+    v = telemetry.parse_prometheus(VLLM_METRICS)
+    assert v["running"] == 15.0 and v["waiting"] == 4.0 and v["kv_cache_usage"] == 0.5
+    assert v["generation_tokens_total"] == 15000.0 and v["queue_time_s_count"] == 8.0
+    s = telemetry.parse_prometheus(SGLANG_METRICS)
+    assert s == {"running": 7.0, "waiting": 1.0, "kv_cache_usage": 0.31}
+
+
+def test_sampler_records_metrics_and_unavailable_nvml(tmp_path: Path) -> None:
+    srv = scripted_server.start([{"ttft_s": 0.0}], tmp_path)
+    sampler = telemetry.Sampler(tmp_path / "telemetry.jsonl", srv.base_url + "/metrics", 0.1, 0.1)
+    try:
+        t0 = time.monotonic()
+        sampler.start()
+        time.sleep(1.0)
+    finally:
+        sampler.stop()
+        srv.stop()
+    status, nvml, metrics = telemetry.read_samples(tmp_path / "telemetry.jsonl")
+    assert status["metrics"] == "ok" and len(metrics) >= 5
+    assert status["nvml"] == "ok" or status["nvml"].startswith("unavailable")
+    assert bool(nvml) == (status["nvml"] == "ok")
+    summary = telemetry.summarize(tmp_path / "telemetry.jsonl", t0, time.monotonic())
+    assert summary["server_running_max"] == 0.0 and summary["server_delta_generation_tokens_total"] == 0.0
+    missing = telemetry.Sampler(tmp_path / "t2.jsonl", "http://127.0.0.1:9/metrics", 0.1, 0.1)
+    missing.start()
+    missing.stop()
+    assert telemetry.read_samples(tmp_path / "t2.jsonl")[0]["metrics"].startswith("unavailable")
