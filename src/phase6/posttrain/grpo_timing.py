@@ -103,7 +103,7 @@ class PhaseTimer:
         step = now - self._window_start
         row = {p: self._totals.get(p, 0.0) for p in PHASES}
         named = sum(v for k, v in row.items() if k != OTHER)
-        row[OTHER] += step - named
+        row[OTHER] = step - named  # explicit `other` phases + everything no phase claimed
         assert row[OTHER] >= -1e-6, f"phases add up to more than the step ({named:.6f} > {step:.6f} s)"
         row["step"] = step
         self._window_start = now

@@ -120,6 +120,7 @@ class EngineGRPOTrainer(GRPOTrainer):
         self.version_log: list[dict[str, int]] = []
         self.sync_log: list[dict[str, Any]] = []
         self.throughput_log: list[dict[str, Any]] = []
+        self.generated_tokens = 0
         self.add_callback(_StepWindows(self))
 
     # ---- weights -------------------------------------------------------------------------------------------------
@@ -163,6 +164,7 @@ class EngineGRPOTrainer(GRPOTrainer):
             out = self.engine.generate(prompt_ids, self.sampling, num_generations=self.num_generations)
         # the HF engine scores its samples inside generate(); charge that pass to its own phase
         self.timer.reassign(ROLLOUT, BEHAVIOUR_LOGPROBS, out.logprob_s)
+        self.generated_tokens += out.num_tokens
         self.version_log.append({"step": step, "policy_version": version, "lag": step - version})
         metrics = self._metrics["train"]
         metrics["rollout/policy_version"].append(version)

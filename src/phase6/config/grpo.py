@@ -1,0 +1,282 @@
+"""Typed config of the 6D GRPO job (`configs/grpo.yaml`).
+
+Groups: ``model`` (configs/grpo/model/), ``data`` (configs/grpo/data/), ``engine`` (configs/grpo/engine/: vllm,
+vllm_server, hf, verl), plus ``grpo`` (the knobs we sweep; the rest of TRL's GRPOConfig passes through ``grpo.trl``),
+``eval`` (pass@1 greedy and pass@k before/after) and ``monitor`` (reward hacking, NVML).
+Derived values (samples per step, gradient-accumulation steps) are methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
+
+TASKS = ("gsm8k", "digits")
+ENGINES = ("vllm", "hf", "verl")
+VLLM_MODES = ("colocate", "server")
+DTYPES = ("bf16", "fp32", "auto")
+ATTN = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+# TRL 1.16 GRPOConfig.loss_type values
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+IS_CORRECTIONS = ("none", "tis")
+# GRPOConfig fields this schema owns; setting them in grpo.trl would silently fight the typed field.
+OWNED_TRL_KEYS = (
+    "beta", "loss_type", "learning_rate", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "epsilon", "use_vllm",
+    "steps_per_generation", "num_iterations", "generation_batch_size", "gradient_checkpointing", "bf16", "seed",
+    "output_dir", "report_to", "logging_steps", "use_cpu", "reward_weights", "save_strategy",
+)
+
+
+@dataclass
+class GrpoModelConfig:
+    """The policy (and, when ``grpo.beta > 0``, the frozen reference) model."""
+
+    name: str = "qwen2.5-1.5b-instruct"
+    """Preset name, used in run names and tables."""
+    name_or_path: str = "Qwen/Qwen2.5-1.5B-Instruct"
+    """Hub id or local directory; ``tiny`` builds a random 2-layer Qwen2-architecture model + local tokenizer."""
+    dtype: str = "bf16"
+    """Weight dtype: bf16 (GPU) | fp32 | auto (checkpoint's); bf16 falls back to fp32 on a CPU-only machine."""
+    attn_implementation: str = "sdpa"
+    """transformers attention backend."""
+    trust_remote_code: bool = False
+    """Allow the checkpoint's own Python code (off unless you have read it)."""
+    revision: str | None = None
+    """Hub revision (commit/tag) to pin."""
+    tiny_hidden_size: int = 64
+    """Width of the ``tiny`` model."""
+    tiny_layers: int = 2
+    """Depth of the ``tiny`` model."""
+    tiny_vocab_size: int = 512
+    """BPE vocabulary of the locally trained ``tiny`` tokenizer."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.name_or_path), "model.name_or_path", "must be a hub id, a local directory or 'tiny'")
+        require(self.dtype in DTYPES, "model.dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
+        require(self.attn_implementation in ATTN, "model.attn_implementation",
+                f"must be one of {list(ATTN)}, got {self.attn_implementation!r}")
+        for k in ("tiny_hidden_size", "tiny_layers", "tiny_vocab_size"):
+            require(getattr(self, k) > 0, f"model.{k}", f"must be > 0, got {getattr(self, k)}")
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.name_or_path == "tiny"
+
+
+@dataclass
+class GrpoDataConfig:
+    """Prompts and verifiers."""
+
+    task: str = "gsm8k"
+    """gsm8k (GSM8K main, '#### N' answers) | digits (toy task for CPU tests)."""
+    path: str = "openai/gsm8k"
+    """GSM8K source: hub id (config 'main'), a directory with <split>.jsonl/.parquet, a file, or 'synthetic'."""
+    train_split: str = "train"
+    """Split the prompts are drawn from."""
+    eval_split: str = "test"
+    """Split pass@1 / pass@k are measured on (GSM8K test: 1,319 questions)."""
+    num_train: int | None = None
+    """Use only the first N training rows (None = all)."""
+    format_reward: bool = False
+    """Add the format reward ('#### N' present); off by default because it can be farmed (see the monitor)."""
+    format_reward_weight: float = 0.1
+    """Weight of the format reward next to correctness (weight 1)."""
+
+    def __post_init__(self) -> None:
+        require(self.task in TASKS, "data.task", f"must be one of {list(TASKS)}, got {self.task!r}")
+        require(bool(self.path), "data.path", "must be a hub id, a local path or 'synthetic'")
+        require(self.num_train is None or self.num_train > 0, "data.num_train", f"must be > 0, got {self.num_train}")
+        require(self.format_reward_weight >= 0, "data.format_reward_weight",
+                f"must be >= 0, got {self.format_reward_weight}")
+
+
+@dataclass
+class EngineConfig:
+    """Who generates the rollouts (and, for verl, who runs the whole job)."""
+
+    name: str = "vllm"
+    """vllm (TRL's vLLM backend, default on GPU) | hf (transformers, static cache + compiled decode) | verl."""
+    vllm_mode: str = "colocate"
+    """colocate (vLLM inside the trainer process, shares the GPU) | server (``trl vllm-serve`` on other GPUs)."""
+    vllm: dict[str, Any] = field(default_factory=dict)
+    """Passed through to TRL's VLLMGeneration: gpu_memory_utilization, server_base_url, tensor_parallel_size, ..."""
+    hf_static_cache: bool = True
+    """HF engine: static KV cache (prerequisite for the compiled decode step)."""
+    hf_compile: bool = True
+    """HF engine: compile the decode step (CUDA graphs; CUDA only)."""
+    hf_pad_to_multiple: int = 64
+    """HF engine: left-pad prompts to a multiple of this (few distinct static-cache shapes, few recompiles)."""
+    hf_score_batch_size: int = 8
+    """HF engine: rows per scoring forward for behaviour log-probs (bounds the float32 logits)."""
+    snapshot_device: str = "cpu"
+    """Where the k most recent policy versions are kept for staleness k (cpu | cuda)."""
+    probe_every: int = 10
+    """Every N steps also run the batch through plain HF generate for the tokens/s comparison (0 = never)."""
+    verl_overrides: dict[str, Any] = field(default_factory=dict)
+    """engine=verl: extra dotted verl keys (``actor_rollout_ref.rollout.n: 5``) applied on top of the mapping."""
+    verl_launch: bool = True
+    """engine=verl: launch ``python -m verl.trainer.main_ppo`` after writing the config (False: only write it)."""
+
+    def __post_init__(self) -> None:
+        require(self.name in ENGINES, "engine.name", f"must be one of {list(ENGINES)}, got {self.name!r}")
+        require(self.vllm_mode in VLLM_MODES, "engine.vllm_mode",
+                f"must be one of {list(VLLM_MODES)}, got {self.vllm_mode!r}")
+        require(self.snapshot_device in ("cpu", "cuda"), "engine.snapshot_device",
+                f"must be cpu or cuda, got {self.snapshot_device!r}")
+        for k in ("hf_pad_to_multiple", "hf_score_batch_size"):
+            require(getattr(self, k) >= 1, f"engine.{k}", f"must be >= 1, got {getattr(self, k)}")
+        require(self.probe_every >= 0, "engine.probe_every", f"must be >= 0, got {self.probe_every}")
+        for key in ("mode", "model", "accelerator", "processing_class", "logprobs"):
+            require(key not in self.vllm, f"engine.vllm.{key}", "is set by phase6; remove it")
+
+
+@dataclass
+class GrpoTrainConfig:
+    """The GRPO knobs we sweep; anything else of TRL's GRPOConfig goes in ``trl``."""
+
+    num_prompts: int = 64
+    """Prompts per optimizer step (global); each gets ``num_generations`` completions."""
+    num_generations: int = 8
+    """Group size G (>= 2): completions per prompt, normalized against each other."""
+    micro_batch_size: int = 16
+    """Completions per device per forward/backward (TRL's per_device_train_batch_size)."""
+    max_steps: int = 200
+    """Optimizer steps (= rollouts = policy versions)."""
+    learning_rate: float = 1.0e-6
+    """AdamW peak learning rate."""
+    lr_scheduler: str = "constant_with_warmup"
+    """transformers scheduler name."""
+    warmup_ratio: float = 0.0
+    """Warm-up share of max_steps."""
+    beta: float = 0.001
+    """KL-to-reference coefficient (k3 estimator); > 0 loads a frozen reference and logs ``kl``."""
+    loss_type: str = "dapo"
+    """TRL loss aggregation; dapo/dr_grpo avoid GRPO's per-sequence length bias."""
+    epsilon: float = 0.2
+    """PPO clip range (lower = upper unless grpo.trl.epsilon_high is set)."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (log-probs are computed at the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling of the rollouts."""
+    max_completion_length: int = 1024
+    """Generated tokens per completion; 256 (TRL's old default) truncates GSM8K chains and zeroes their reward."""
+    staleness: int = 0
+    """Rollouts are generated by the policy of exactly k optimizer steps ago (0 = on-policy)."""
+    is_correction: str = "none"
+    """none: PPO ratio against the behaviour policy | tis: current-policy anchor x truncated IS weight."""
+    is_clip: float = 2.0
+    """Truncation C of the IS weight min(pi/mu, C) (TRL's vLLM IS correction uses 3.0, verl 2.0)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass (memory for speed)."""
+    logging_steps: int = 1
+    """Log every N optimizer steps (1: every step's breakdown row is logged)."""
+    trl: dict[str, Any] = field(default_factory=dict)
+    """Other GRPOConfig fields, passed through unchanged (e.g. epsilon_high, scale_rewards, mask_truncated_completions)."""
+    justify: dict[str, str] = field(default_factory=dict)
+    """One-line justification + source per knob, rendered into results.md."""
+
+    def __post_init__(self) -> None:
+        for k in ("num_prompts", "micro_batch_size", "max_steps", "max_completion_length", "logging_steps"):
+            require(getattr(self, k) >= 1, f"grpo.{k}", f"must be >= 1, got {getattr(self, k)}")
+        require(self.num_generations >= 2, "grpo.num_generations", f"must be >= 2, got {self.num_generations}")
+        require(self.samples_per_step % self.micro_batch_size == 0, "grpo.micro_batch_size",
+                f"must divide num_prompts x num_generations = {self.samples_per_step}, got {self.micro_batch_size}")
+        require(self.learning_rate > 0, "grpo.learning_rate", f"must be > 0, got {self.learning_rate}")
+        require(0 <= self.warmup_ratio < 1, "grpo.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
+        require(self.beta >= 0, "grpo.beta", f"must be >= 0, got {self.beta}")
+        require(self.loss_type in LOSS_TYPES, "grpo.loss_type", f"must be one of {list(LOSS_TYPES)}, got {self.loss_type!r}")
+        require(self.epsilon > 0, "grpo.epsilon", f"must be > 0, got {self.epsilon}")
+        require(self.temperature > 0, "grpo.temperature", f"must be > 0 (GRPO samples), got {self.temperature}")
+        require(0 < self.top_p <= 1, "grpo.top_p", f"must be in (0, 1], got {self.top_p}")
+        require(self.staleness >= 0, "grpo.staleness", f"must be >= 0, got {self.staleness}")
+        require(self.is_correction in IS_CORRECTIONS, "grpo.is_correction",
+                f"must be one of {list(IS_CORRECTIONS)}, got {self.is_correction!r}")
+        require(self.is_clip >= 1, "grpo.is_clip", f"must be >= 1, got {self.is_clip}")
+        for key in self.trl:
+            require(key not in OWNED_TRL_KEYS, f"grpo.trl.{key}", "is a typed field of the grpo group (or set elsewhere by phase6); not settable through grpo.trl")
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.num_prompts * self.num_generations
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """Micro-batches per optimizer step on each rank."""
+        per_rank, rem = divmod(self.samples_per_step, world_size * self.micro_batch_size)
+        if rem or per_rank < 1:
+            raise ValueError(f"grpo.micro_batch_size: {self.samples_per_step} samples per step do not split into "
+                             f"{world_size} ranks x micro-batches of {self.micro_batch_size}")
+        return per_rank
+
+
+@dataclass
+class GrpoEvalConfig:
+    """pass@1 (greedy) and pass@k (sampled) on the eval split, before and after training."""
+
+    enabled: bool = True
+    """Run the evaluation."""
+    before: bool = True
+    """Also evaluate the starting policy (the +points are measured against it, same prompt, same scorer)."""
+    num_questions: int | None = None
+    """First N questions of the eval split (None = all; GSM8K test = 1,319, stderr ~1.2 points at 75%)."""
+    k: int = 4
+    """Samples per question for pass@k (unbiased estimator with n = k)."""
+    temperature: float = 1.0
+    """Sampling temperature for pass@k (greedy for pass@1)."""
+    max_new_tokens: int = 1024
+    """Generation budget per answer."""
+    batch_prompts: int = 64
+    """Questions per engine call."""
+
+    def __post_init__(self) -> None:
+        require(self.num_questions is None or self.num_questions >= 1, "eval.num_questions",
+                f"must be >= 1, got {self.num_questions}")
+        require(self.k >= 1, "eval.k", f"must be >= 1, got {self.k}")
+        require(self.temperature > 0, "eval.temperature", f"must be > 0, got {self.temperature}")
+        for k in ("max_new_tokens", "batch_prompts"):
+            require(getattr(self, k) >= 1, f"eval.{k}", f"must be >= 1, got {getattr(self, k)}")
+
+
+@dataclass
+class MonitorConfig:
+    """Reward-hacking indicators and the GPU timeline."""
+
+    min_reasoning_words: int = 5
+    """Fewer words before the final answer counts as 'no reasoning'."""
+    nvml: bool = True
+    """Sample GPU utilization and memory through NVML (recorded as unavailable without a driver)."""
+    nvml_interval_s: float = 0.05
+    """Sampling period (0.05 s = 20 Hz; >= 10 Hz required)."""
+
+    def __post_init__(self) -> None:
+        require(self.min_reasoning_words >= 0, "monitor.min_reasoning_words",
+                f"must be >= 0, got {self.min_reasoning_words}")
+        require(0 < self.nvml_interval_s <= 0.1, "monitor.nvml_interval_s",
+                f"must be in (0, 0.1] (>= 10 Hz), got {self.nvml_interval_s}")
+
+
+@dataclass
+class GrpoRunConfig:
+    """`phase6 grpo`: GRPO on a verifiable task with an instrumented rollout engine."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    model: GrpoModelConfig = field(default_factory=GrpoModelConfig)
+    data: GrpoDataConfig = field(default_factory=GrpoDataConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    grpo: GrpoTrainConfig = field(default_factory=GrpoTrainConfig)
+    eval: GrpoEvalConfig = field(default_factory=GrpoEvalConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+    def __post_init__(self) -> None:
+        if self.engine.name == "verl":
+            require(self.grpo.staleness == 0, "grpo.staleness",
+                    "engine=verl runs verl's synchronous hybrid engine (lag 0); staleness needs engine=vllm or hf")
+        if self.grpo.staleness > 0 and self.engine.name == "vllm":
+            require(not self.engine.vllm.get("enable_sleep_mode", False), "engine.vllm.enable_sleep_mode",
+                    "must be off with grpo.staleness > 0 (waking vLLM re-pushes the live weights)")
+        require(self.data.task != "digits" or not self.data.format_reward, "data.format_reward",
+                "the digits task has no format reward")
