@@ -47,6 +47,12 @@ def dpo(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
     run("dpo", ctx.args, multirun)
 
 
+@app.command(context_settings=OVERRIDES)
+def grpo(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
+    """6D: GRPO on GSM8K with an instrumented rollout engine (engine=vllm|vllm_server|hf|verl, grpo.staleness=k)."""
+    run("grpo", ctx.args, multirun)
+
+
 @app.command("prepare-data", context_settings=OVERRIDES)
 def prepare_data(ctx: typer.Context, multirun: bool = MULTIRUN, check_tokenizer: bool = typer.Option(
         False, "--check-tokenizer", help="Round-trip an English page byte for byte; report bytes/token.")) -> None:

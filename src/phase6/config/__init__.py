@@ -163,6 +163,7 @@ JOBS: dict[str, JobSpec] = {
                             "6A: tokenize a corpus into llm.c shards (shard 0 = val) + manifest.json; resumable"),
     "pretrain": JobSpec("phase6.config.pretrain:PretrainRunConfig", "projects/6a_pretrain/train.py:main", "6A: GPT-2 pretraining, predicted vs measured"),
     "dpo": JobSpec("phase6.config.dpo:DPORunConfig", "projects/6c_dpo/dpo.py:main", "LoRA-DPO/IPO/ORPO + battery + verdict"),
+    "grpo": JobSpec("phase6.config.grpo:GrpoRunConfig", "projects/6d_grpo/grpo.py:main", "6D: GRPO on GSM8K, instrumented rollouts"),
     "plan": JobSpec("phase6.config.plan:PlanRunConfig", "phase6.plan.job:main", "predict memory/comm/time, rank layouts"),
     "fleet": JobSpec("phase6.config.fleet:FleetRunConfig", "phase6.fleet.run:main", "fleet simulation: goodput, routing, PD"),
     "serve_bench": JobSpec("phase6.config.serve:ServeBenchRunConfig", "projects/6b_serving/serve_bench.py:main", "6B serving table row"),
