@@ -237,7 +237,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
             if k != "formulas":
                 rec.print(f"  {k:28s} {v:,.4g}" if isinstance(v, float) else f"  {k:28s} {v}")
         for k, v in predicted["formulas"].items():
-            rec.print(f"  [dim]{k}: {v}[/]")
+            rec.print(f"  {k}: {v}")
 
     # --- parallelize in one fixed order, then the optimizer over the (possibly sharded) parameters ---
     compile_on = cfg.parallel.compile if cfg.parallel.compile is not None else device.type == "cuda"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
+from phase6.config import CONFIG_DIR, HardwareConfig, LoggerConfig, RunConfig, require
 from phase6.config.data import DataConfig
 
 SCHEDULES = ("cosine", "warmdown")
@@ -228,6 +228,9 @@ class PredictConfig:
 
     def __post_init__(self) -> None:
         require(self.mfu is None or 0 < self.mfu <= 1, "predict.mfu", f"must be in (0, 1] or null, got {self.mfu}")
+        known = sorted(p.stem for p in (CONFIG_DIR / "pretrain" / "model").glob("*.yaml"))
+        unknown = [name for name in self.scaling_presets if name not in known]
+        require(not unknown, "predict.scaling_presets", f"unknown model presets {unknown}; known: {known}")
         ref = (self.loss_ref_params, self.loss_ref_tokens, self.loss_ref_val_loss)
         require(
             all(v is None for v in ref) or all(v is not None and v > 0 for v in ref),
