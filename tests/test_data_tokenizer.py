@@ -108,3 +108,13 @@ def test_auto_tokenizer_is_explicit_about_what_it_picks(tmp_path: Path, monkeypa
         (bpe_dir / name).write_text("x")
     assert resolve_tokenizer_name(DataConfig(tokenizer="auto", tokenizer_dir=str(bpe_dir))) == "gpt2"
     assert resolve_tokenizer_name(DataConfig(tokenizer="byte", tokenizer_dir=str(bpe_dir))) == "byte"
+
+
+def test_gpt2_token_counts_match_nanogpt_shakespeare(gpt2: TiktokenGPT2) -> None:
+    """nanoGPT data/shakespeare/prepare.py: 90/10 char split, encode_ordinary -> 301,966 train + 36,059 val tokens."""
+    data = shared_data()
+    if data is None or not (data / "tinyshakespeare" / "input.txt").is_file():
+        pytest.skip("shared/data/tinyshakespeare not present")
+    text = (data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    n = len(text)
+    assert (len(gpt2.encode(text[: int(n * 0.9)])), len(gpt2.encode(text[int(n * 0.9) :]))) == (301_966, 36_059)
