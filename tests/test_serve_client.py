@@ -158,18 +158,6 @@ def test_sse_parser_handles_comments_multiline_data_and_errors() -> None:
         _parse_event(b"data: {oops", 0.5, r, s)
 
 
-def timing_scripts(n: int, seed: int) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        chunks = int(rng.integers(8, 20))
-        out.append({"ttft_s": round(float(rng.uniform(0.02, 0.2)), 4),
-                    "gaps_s": rng.uniform(0.02, 0.1, chunks - 1).round(4).tolist(),
-                    "tokens": rng.integers(1, 4, chunks).tolist(),
-                    "usage": "continuous" if i % 2 else "final", "done": bool(i % 3)})
-    return out
-
-
 def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> None:
     """Measured TTFT and per-token ITL vs the script: |error| p50 <= 1 ms, p99 <= 3 ms; Poisson rate within 1 %.
 
@@ -182,7 +170,7 @@ def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> 
         pytest.skip(f"load average {load:.1f} on {os.cpu_count()} cores: the 1 ms / 3 ms bounds need idle cores "
                     "(projects/6b_serving/bench_client.py measures the same under any load)")
     n = 1024
-    scripts = timing_scripts(n, seed=0)
+    scripts = scripted_server.random_scripts(n, seed=0)
     srv = scripted_server.start(scripts, tmp_path)
     try:
         mean_s = float(np.mean([s["ttft_s"] + sum(s["gaps_s"]) for s in scripts]))
@@ -198,7 +186,7 @@ def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> 
     for r in out.results:
         sc = scripts[r.index]
         ttft_err.append(abs(r.ttft_s - sc["ttft_s"]) * 1e3)
-        want = [g / k for g, k in zip(sc["gaps_s"], sc["tokens"][1:], strict=True) for _ in range(k)]
+        want = scripted_server.expected_itl_s(sc)
         got = r.itl_samples_s()
         assert len(got) == len(want), r.index
         itl_err += [abs(a - b) * 1e3 for a, b in zip(got, want, strict=True)]

@@ -67,6 +67,28 @@ def load_scripts(path: str | Path) -> list[dict[str, Any]]:
     return [validate_script(s, f"{path}: script {i}") for i, s in enumerate(data)]
 
 
+def random_scripts(n: int, seed: int, ttft_s: tuple[float, float] = (0.02, 0.2), gap_s: tuple[float, float] = (0.02, 0.1),
+                   chunks: tuple[int, int] = (8, 20), max_tokens_per_chunk: int = 3) -> list[dict[str, Any]]:
+    """``n`` seeded scripts: uniform TTFT and gaps (rounded to 0.1 ms), 1..k tokens per chunk, half of them with
+    usage in every chunk (vLLM) and half with usage only at the end (transformers), a third without [DONE]."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        m = int(rng.integers(chunks[0], chunks[1]))
+        out.append({"ttft_s": round(float(rng.uniform(*ttft_s)), 4),
+                    "gaps_s": rng.uniform(*gap_s, m - 1).round(4).tolist(),
+                    "tokens": rng.integers(1, max_tokens_per_chunk + 1, m).tolist(),
+                    "usage": "continuous" if i % 2 else "final", "done": bool(i % 3)})
+    return out
+
+
+def expected_itl_s(script: dict[str, Any]) -> list[float]:
+    """The per-token ITL samples a script implies: chunk i's gap split over its tokens (client.py's definition)."""
+    return [g / k for g, k in zip(script["gaps_s"], script["tokens"][1:], strict=True) for _ in range(k)]
+
+
 def _prompt_of(body: dict[str, Any]) -> str:
     if "messages" in body:
         msgs = body["messages"]
