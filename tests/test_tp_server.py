@@ -227,6 +227,48 @@ def test_server_args_name_the_bad_flag(tmp_path: Path) -> None:
     assert tp_server.main(["--model", cfg, "--host", "0.0.0.0", "--dummy-weights"]) == 2
 
 
+@pytest.mark.parametrize("tp", [1, 4])
+def test_serve_bench_launch_command_parses(tmp_path: Path, tp: int) -> None:
+    """The 6B launcher's torch-tp command line (configs/serve_bench/serve/torch_tp_*.yaml) is one the server takes."""
+    from phase6.config.serve import ServeConfig
+    from phase6.serving.server import build_command
+
+    tiny_llama_config().save_pretrained(tmp_path)
+    cfg = ServeConfig(
+        engine="torch-tp",
+        model=str(tmp_path),
+        tp=tp,
+        dtype="bfloat16",
+        max_model_len=2048,
+        engine_args={"dummy-weights": True, "max-batch": 64, "max-prefill-tokens": 16384},
+    )
+    cmd = build_command(cfg, str(tmp_path), 8123)
+    start = cmd.index("phase6.serving.tp_server") + 1
+    if tp > 1:
+        assert Path(cmd[0]).name == "torchrun" and cmd[1:5] == ["--standalone", "--nproc_per_node", str(tp), "-m"]
+    else:
+        assert cmd[:2] == [sys.executable, "-m"]
+    args = tp_server.parse_args(cmd[start:])
+    assert (args.model, args.port, args.dtype, args.max_model_len) == (str(tmp_path), 8123, "bfloat16", 2048)
+    assert args.dummy_weights and args.max_batch == 64 and args.max_prefill_tokens == 16384
+
+
+def test_make_dummy_model_script(tmp_path: Path) -> None:
+    """scripts/make_dummy_model.py: the published Qwen2.5-14B shapes (14.77B parameters) + a local tokenizer."""
+    import runpy
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_dummy_model.py"
+    fields = runpy.run_path(str(script))["architecture"]("qwen2.5-14b")
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == 14.77
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
+        assert getattr(config, key) % 4 == 0, key  # TP=4 divides every split dimension
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Real servers: TP=1 (python -m) and TP=2 (torchrun), started once for the module
 

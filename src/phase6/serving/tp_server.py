@@ -6,7 +6,7 @@ Launch (rank 0 serves HTTP on --host:--port; TP=1 is the same program without to
     torchrun --standalone --nproc_per_node 4 -m phase6.serving.tp_server --model configs/serve_bench/arch/... \
         --dummy-weights --dtype bfloat16 --port 8000 --max-batch 64
 
-Endpoints: GET /health, GET /v1/models, GET /metrics (vLLM metric names, so the 6B scraper reads them),
+Endpoints: GET /health, GET /v1/models, GET /version, GET /metrics (vLLM metric names, so the 6B scraper reads them),
 POST /v1/completions and /v1/chat/completions (stream with ``data: {...}`` chunks, ``stream_options.include_usage``
 -> a final usage chunk, ``continuous_usage_stats`` -> usage on every chunk, ``ignore_eos``, ``min_tokens``, then
 ``data: [DONE]``). A malformed request gets HTTP 400 with a one-line reason; the server keeps running.
@@ -746,6 +746,12 @@ class Api:
         self.sched, self.tok, self.model_id = sched, tokenizer, model_id
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
         self.started = time.time()
+        import transformers
+
+        world = sched.engine.world
+        self.version = (
+            f"phase6 {ENGINE} (tp={world}, torch {torch.__version__}, transformers {transformers.__version__})"
+        )
 
     def params(self, body: Any, chat: bool) -> GenParams:
         if not isinstance(body, dict):
@@ -924,6 +930,9 @@ def build_app(api: Api) -> Any:
             }
         )
 
+    async def version(_: web.Request) -> web.Response:
+        return web.json_response({"version": api.version})
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text=prometheus(sched, api.model_id), content_type="text/plain")
 
@@ -1039,6 +1048,7 @@ def build_app(api: Api) -> Any:
             web.get("/health", health),
             web.get("/v1/models", models),
             web.get("/metrics", metrics),
+            web.get("/version", version),
             web.post("/v1/completions", completions),
             web.post("/v1/chat/completions", chat_completions),
         ]
@@ -1093,9 +1103,21 @@ def warmup(sched: Scheduler, engine: Engine) -> None:
     engine.execute(plan)
 
 
+def die_with_parent() -> None:
+    """torchrun starts each worker in its own session, so a SIGKILL to the launcher's process group reaches only
+    the agent; the kernel then ends this worker too instead of leaving it holding a GPU (Linux prctl)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def run(args: ServerArgs) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        die_with_parent()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [tp_server rank {rank}] %(message)s")
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
