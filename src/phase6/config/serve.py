@@ -13,7 +13,7 @@ from typing import Any
 
 from phase6.config import HardwareConfig, LoggerConfig, PricesConfig, RunConfig, require
 
-ENGINES = ("vllm", "sglang", "transformers", "openai")
+ENGINES = ("vllm", "sglang", "transformers", "torch-tp", "openai")
 APIS = ("chat", "completions")
 DATASETS = ("sharegpt", "synthetic", "mooncake", "azure")
 ARRIVALS = ("concurrency", "poisson", "gamma", "constant", "trace")
@@ -27,7 +27,8 @@ class ServeConfig:
     """The server under test: launched here (vllm / sglang / transformers) or an already running ``endpoint``."""
 
     engine: str = "vllm"
-    """vllm | sglang | transformers | openai (openai = any OpenAI-compatible server; needs endpoint)."""
+    """vllm | sglang | transformers | torch-tp (phase6.serving.tp_server) | openai (any OpenAI-compatible
+    server; needs endpoint)."""
     model: str = "Qwen/Qwen2.5-72B-Instruct"
     """Model id or local directory passed to the server (and to the tokenizer unless ``tokenizer`` is set)."""
     tokenizer: str | None = None

@@ -55,7 +55,7 @@ def request_body(req: BenchRequest, *, engine: str, api: str, model: str, fix_ou
         body["messages"] = [{"role": "user", "content": req.prompt}]
     else:
         body["prompt"] = req.prompt
-    if engine in ("vllm", "sglang"):
+    if engine in ("vllm", "sglang", "torch-tp"):
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         if fix_output_len:
             body["ignore_eos"] = True

@@ -40,6 +40,7 @@ LAUNCHERS: dict[str, list[str]] = {
     "vllm": ["vllm", "serve"],
     "sglang": [sys.executable, "-m", "sglang.launch_server"],
     "transformers": ["transformers", "serve"],
+    "torch-tp": [sys.executable, "-m", "phase6.serving.tp_server"],  # TP > 1: under torchrun (build_command)
 }
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "transformers": "transformers"}
 
@@ -108,6 +109,14 @@ def build_command(cfg: ServeConfig, model: str, port: int) -> list[str]:
         if cfg.tp != 1:
             raise ValueError(f"serve.tp: transformers serve has no tensor parallelism, use tp=1 (got {cfg.tp})")
         cmd = [*launcher, model, *common, "--dtype", cfg.dtype]
+    elif cfg.engine == "torch-tp":
+        if cfg.tp > 1 and not cfg.launcher:
+            launcher = [_resolve("torchrun"), "--standalone", "--nproc_per_node", str(cfg.tp), *launcher[1:]]
+        cmd = [*launcher, "--model", model, *common, "--dtype", cfg.dtype]
+        if cfg.max_model_len:
+            cmd += ["--max-model-len", str(cfg.max_model_len)]
+        if cfg.served_model_name:
+            cmd += ["--served-model-name", cfg.served_model_name]
     else:
         raise ValueError(f"serve.engine: {cfg.engine!r} cannot be launched; set serve.endpoint")
     return cmd + engine_flags(cfg.engine_args)
@@ -223,7 +232,7 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | N
     port = cfg.port or free_port(cfg.host)
     cmd = build_command(cfg, model, port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {}), **cfg.env}
+    full_env = {**(module_env() if cfg.engine == "torch-tp" else os.environ), **(env or {}), **cfg.env}
     with log_path.open("ab") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())
         log.flush()
