@@ -123,3 +123,17 @@ def test_pd_grid_max_rate_respects_decode_roofline() -> None:
     best_tok_s = n * 256 / setup.model.decode_step_s(256, inp + out // 2)  # full batches at the mean context
     assert 0.5 * best_tok_s < s.rate * out <= 1.02 * best_tok_s
     assert s.ok_row is not None and s.ok_row["slo_attainment"] >= 0.9
+
+
+def test_bad_trace_row_exits_2_with_one_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
+                     '{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [2]}\n')
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "phase6", "fleet", "workload=mooncake", f"workload.path={trace}",
+                           "load.rates=[1]", "logger=none", f"run.dir={run_dir}"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"phase6: error: {trace}:2: timestamps not sorted (1 ms after 5 ms); "
+                                                "sort the trace by arrival"]
+    assert not (run_dir / "results.json").exists()

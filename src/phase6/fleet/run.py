@@ -13,6 +13,7 @@ Writes the run record (config.yaml, env.json, metrics.jsonl, results.json/.md, p
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -244,9 +245,13 @@ def _plots(rec: Any, rows: list[dict[str, Any]], x: str, grid: list[dict[str, An
 def main(cfg: FleetRunConfig) -> dict[str, Any]:
     from phase6.runrecord import RunRecord
 
+    try:  # input problems (trace rows, model preset, memory fit) -> one line, exit 2, before any simulation
+        setup = build_setup(cfg)
+        w, dropped = load_workload(cfg.workload, cfg.run.seed)
+    except ValueError as e:
+        print(f"phase6: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     rec = RunRecord(cfg, job="fleet")
-    setup = build_setup(cfg)
-    w, dropped = load_workload(cfg.workload, cfg.run.seed)
     rec.print(f"workload {w.source}: {len(w)} requests over {w.duration_s:.1f} s ({w.rate:.3g} req/s), mean input "
               f"{w.input_tokens.mean():.0f} / output {w.output_tokens.mean():.0f} tokens, dropped {dropped}; "
               f"KV {setup.limits.kv_blocks} blocks of 512 tokens per replica")
