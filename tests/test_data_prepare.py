@@ -291,6 +291,9 @@ def test_ensure_prepared_takes_finished_dirs_as_they_are(tmp_path: Path, corpus:
     for p in (tmp_path / "out").glob("*.bin"):
         (llmc / p.name.replace("toy", "fineweb")).write_bytes(p.read_bytes())
     assert ensure_prepared(_cfg(tmp_path, tmp_path, "llmc"), show_progress=False) is None
+    with pytest.raises(ValueError, match="holds shards no prep recorded"):  # a downloaded set is never overwritten
+        prepare_shards(_cfg(tmp_path, tmp_path / "corpus.jsonl", "llmc", name="fineweb"), show_progress=False)
+    assert len(list(llmc.glob("*.bin"))) == len(list((tmp_path / "out").glob("*.bin")))
 
 
 def test_cli_prepare_and_check_tokenizer(tmp_path: Path, corpus: tuple[Path, list[str]]) -> None:

@@ -256,10 +256,14 @@ def prepare_shards(
     """
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    source = resolve_source(cfg)
     progress = Progress.load(out_dir)
-    if progress is None and (out_dir / MANIFEST_NAME).exists():
-        raise ValueError(f"{out_dir}: has a manifest.json but no progress.json; choose an empty data.out_dir")
+    if progress is None and ((out_dir / MANIFEST_NAME).exists() or any(out_dir.glob("*.bin"))):
+        # e.g. a downloaded llm.c set (kjj0/finewebedu10B-gpt2): the trainer reads it as it is; never overwrite it
+        raise ValueError(
+            f"{out_dir}: holds shards no prep recorded (no progress.json); a pre-tokenized set is used "
+            "as it is, or choose an empty data.out_dir"
+        )
+    source = resolve_source(cfg)
     tok_name = resolve_tokenizer_name(cfg)
     tok, tok_path = build_prep_tokenizer(cfg, tok_name, source, out_dir, train=progress is None)
     info = tokenizer_info(tok)
