@@ -80,10 +80,19 @@ def predict(cfg: ServeBenchRunConfig, wl: Workload, details: dict[str, Any], mod
     m = ServeCostModel(spec, cfg.hardware, tp=cfg.serve.tp)
     decode_s = m.decode_step_s(batch, context)
     ttft_s = m.prefill_s(prompt, 1) + decode_s
+    mem = m.memory(cfg.serve.max_model_len or context)
     return {
         "ttft_p50_ms": 1e3 * ttft_s,
         "tpot_p50_ms": 1e3 * decode_s,
         "throughput_tok_s": batch / decode_s,
+        "breakdown": {  # where one decode step goes (the write-up's "why TP stops scaling")
+            "decode_compute_ms": 1e3 * m.compute_s(batch, batch * context),
+            "decode_weights_ms": 1e3 * m.weights_read_bytes(batch) / m.bytes_per_s,
+            "decode_kv_ms": 1e3 * m.kv_bytes_per_token * batch * context / m.bytes_per_s,
+            "decode_allreduce_ms": 1e3 * m.allreduce_s(batch),
+            "weights_gib_per_gpu": mem.weights_bytes / 2**30, "max_concurrent_seqs": mem.max_concurrent_seqs,
+            "fits": mem.fits, "batch": batch, "context": context,
+        },
         "formulas": {
             "model": f"{spec.name} ({spec_name}), TP={cfg.serve.tp}, batch={batch}, context={context}",
             "ttft_p50_ms": "prefill of one mean prompt + one decode step of the running batch (phase6.plan.serve)",
