@@ -12,7 +12,6 @@ reads the last 300 characters): ``custom_reward_function.path`` points at this f
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -87,8 +86,20 @@ def verl_overrides(cfg: GrpoRunConfig, data_dir: Path, run_dir: Path, num_gpus: 
         "trainer.experiment_name": cfg.run.name,
         "trainer.default_local_dir": str(run_dir / "verl" / "checkpoints"),
     }
-    out.update(cfg.engine.verl_overrides)
+    out.update(flatten(cfg.engine.verl_overrides))
     return out
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"trainer": {"nnodes": 2}} -> {"trainer.nnodes": 2} (command-line overrides arrive nested)."""
+    flat: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            flat.update(flatten(v, key + "."))
+        else:
+            flat[key] = v
+    return flat
 
 
 def verl_rows(rows: list[Any], split: str) -> list[dict[str, Any]]:
@@ -109,7 +120,7 @@ def command(overrides: dict[str, Any]) -> list[str]:
     """``python -m verl.trainer.main_ppo key=value ...`` (lists as Hydra lists)."""
     args = []
     for k, v in overrides.items():
-        value = json.dumps(v).replace('"', "'") if isinstance(v, list) else str(v)
+        value = "[" + ",".join(str(x) for x in v) + "]" if isinstance(v, list) else str(v)
         args.append(f"{k}={value}")
     return [sys.executable, "-m", "verl.trainer.main_ppo", *args]
 
