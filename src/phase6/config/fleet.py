@@ -245,6 +245,9 @@ class AnalysisConfig:
     """A `phase6 serve-bench` results.json: replay its closed-loop rows in the simulator and report the errors."""
     compare_calibrate: bool = True
     """Fit step overhead and prefill MFU on the lowest-concurrency row before predicting the others."""
+    compare_lengths: str = "workload"
+    """Request lengths replayed per row: workload (the configured workload's requests, in order: mirror 6B's length
+    distribution there) | mean (every request at the row's mean prompt/output; closed loops then run in lockstep)."""
 
     def __post_init__(self) -> None:
         require(self.target_rate is None or self.target_rate > 0, "analysis.target_rate", f"must be > 0, got {self.target_rate}")
@@ -256,6 +259,8 @@ class AnalysisConfig:
                 f"must be a non-empty list of scales > 1, got {self.pd_slo_scales}")
         require(self.pd_replicas >= 2, "analysis.pd_replicas", f"must be >= 2 (one prefill + one decode), got {self.pd_replicas}")
         require(self.pd_requests >= 50, "analysis.pd_requests", f"must be >= 50, got {self.pd_requests}")
+        require(self.compare_lengths in ("workload", "mean"), "analysis.compare_lengths",
+                f"must be workload or mean, got {self.compare_lengths!r}")
         require(self.rate_search_steps >= 2, "analysis.rate_search_steps", f"must be >= 2, got {self.rate_search_steps}")
 
 
@@ -267,7 +272,8 @@ class FleetRunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     model: str = "llama3.1-70b"
-    """Planner model preset (configs/plan/model/<name>.yaml): shapes for weights, KV bytes and FLOPs."""
+    """Planner preset (configs/plan/model/<name>.yaml) or a path to an HF config.json / model dir: the shapes for
+    weights, KV bytes and FLOPs."""
     workload: FleetWorkloadConfig = field(default_factory=FleetWorkloadConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)

@@ -1,9 +1,11 @@
 """Simulated vs measured: replay each closed-loop row of a `phase6 serve-bench` results.json in the simulator.
 
 Protocol (issue 8, validation): for every measured row (engine, tp, concurrency C) simulate one colocated replica of
-the same TP with C closed-loop clients and the row's request count, prompts and outputs fixed at the row's means
-(input_tokens / completed, mean_output_tokens), then compare TTFT p50, TPOT p50 and output throughput; a row passes
-when both latencies are within 20 %.
+the same TP with C closed-loop clients and the row's request count, then compare TTFT p50, TPOT p50 and output
+throughput; a row passes when both latencies are within 20 %. Request lengths: the configured workload's requests
+(``analysis.compare_lengths=workload``; mirror 6B's length distribution, the table shows both means), or every
+request at the row's means (``mean``: identical requests make a closed loop run in lockstep, all C clients
+finishing and re-arriving together, which inflates TTFT).
 
 Calibration (``calibrate=True``, default): two planner parameters are fitted on the *lowest-concurrency* row only
 and then held for every other row, so C=16/64 are predictions, not fits:
@@ -41,6 +43,12 @@ def _row_lengths(row: dict[str, Any], where: str) -> tuple[int, int, int]:
     return max(1, round(inp / done)), max(2, round(out)), int(done)
 
 
+def check_serve_bench(path: str | Path) -> None:
+    """Fail early (one line) if a serve-bench table cannot be replayed."""
+    for r in read_serve_bench_rows(path):
+        _row_lengths(r, f"{path}: row concurrency={r['concurrency']}")
+
+
 def calibrate(spec: ModelSpec, cfg: FleetRunConfig, engine: EngineConfig, row: dict[str, Any],
               inp: int, out: int) -> EngineConfig:
     """Fit step_overhead_ms (from TPOT p50) and prefill_mfu (from TTFT p50) on one low-concurrency row."""
@@ -58,7 +66,8 @@ def calibrate(spec: ModelSpec, cfg: FleetRunConfig, engine: EngineConfig, row: d
     return dataclasses.replace(engine, step_overhead_ms=overhead_s * 1e3, prefill_mfu=mfu)
 
 
-def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: Any, calibrate_rows: bool = True) -> list[dict[str, Any]]:
+def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: Any, calibrate_rows: bool = True,
+                        workload: Workload | None = None) -> list[dict[str, Any]]:
     """One row per measured closed-loop row: measured vs simulated TTFT/TPOT p50 and throughput, errors, pass."""
     from phase6.fleet.run import FleetSetup  # local: run imports this module lazily too
 
@@ -78,8 +87,11 @@ def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: Any, calib
             engine = calibrated[tp][1]
         s = dataclasses.replace(setup, model=planner_model(setup.spec, cfg.hardware, engine), engine=engine)
         c = int(r["concurrency"])
-        w = Workload(np.zeros(n), np.full(n, inp, dtype=np.int64), np.full(n, out, dtype=np.int64),
-                     np.arange(n, dtype=np.int64), None, f"{path} (C={c})")
+        if workload is None:  # every request at the row's means
+            w = Workload(np.zeros(n), np.full(n, inp, dtype=np.int64), np.full(n, out, dtype=np.int64),
+                         np.arange(n, dtype=np.int64), None, f"{path} (C={c})")
+        else:  # the configured workload's first n requests (timestamps unused: closed loop)
+            w = workload.repeated(-(-n // len(workload))).head(n)
         res = s.run(w, Topology(colocated=1), "round_robin", closed=c)
         sim_ttft = float(np.median(res.ttft_s)) * 1e3
         sim_tpot = float(np.median(res.tpot_s)) * 1e3
@@ -89,7 +101,8 @@ def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: Any, calib
         meas_tok = r.get("throughput_tok_s")
         out_rows.append({
             "engine": r.get("engine"), "tp": tp, "concurrency": c, "input_tokens": inp, "output_tokens": out,
-            "requests": n, "ttft_p50_ms_measured": float(r["ttft_p50_ms"]), "ttft_p50_ms_sim": sim_ttft,
+            "sim_mean_input_tokens": float(w.input_tokens.mean()),
+            "sim_mean_output_tokens": float(w.output_tokens.mean()), "requests": n, "ttft_p50_ms_measured": float(r["ttft_p50_ms"]), "ttft_p50_ms_sim": sim_ttft,
             "ttft_err_pct": 100 * e_ttft, "tpot_p50_ms_measured": float(r["tpot_p50_ms"]), "tpot_p50_ms_sim": sim_tpot,
             "tpot_err_pct": 100 * e_tpot, "throughput_tok_s_measured": meas_tok, "throughput_tok_s_sim": sim_tok_s,
             "within_20pct": abs(e_ttft) <= TOLERANCE and abs(e_tpot) <= TOLERANCE,

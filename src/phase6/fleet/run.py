@@ -70,8 +70,15 @@ class FleetSetup:
                         kv_transfer_s=self.transfer_fn(), engine=self.sim_engine, closed_concurrency=closed)
 
 
+def model_spec(model: str) -> ModelSpec:
+    """A planner preset name, or a path to an HF config.json (or its directory), e.g. 6B's dummy model dir."""
+    if model.endswith(".json") or "/" in model:
+        return resolve_model({}, hf_config=model)
+    return resolve_model(model)
+
+
 def build_setup(cfg: FleetRunConfig) -> FleetSetup:
-    spec = resolve_model(cfg.model)
+    spec = model_spec(cfg.model)
     eng = cfg.engine
     limits = EngineLimits(eng.max_num_seqs, eng.max_batched_tokens, kv_capacity_blocks(spec, cfg.hardware, eng))
     return FleetSetup(spec, build_step_model(spec, cfg.hardware, eng), limits, cfg.hardware, eng, cfg.fleet.kv_link,
@@ -248,6 +255,10 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
     try:  # input problems (trace rows, model preset, memory fit) -> one line, exit 2, before any simulation
         setup = build_setup(cfg)
         w, dropped = load_workload(cfg.workload, cfg.run.seed)
+        if cfg.analysis.compare_with:
+            from phase6.fleet.compare import check_serve_bench
+
+            check_serve_bench(cfg.analysis.compare_with)
     except ValueError as e:
         print(f"phase6: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -321,8 +332,8 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
     if a.compare_with:
         from phase6.fleet.compare import compare_serve_bench
 
-        tables["Simulated vs measured (serve-bench)"] = compare_serve_bench(a.compare_with, cfg, setup,
-                                                                             a.compare_calibrate)
+        tables["Simulated vs measured (serve-bench)"] = compare_serve_bench(
+            a.compare_with, cfg, setup, a.compare_calibrate, w if a.compare_lengths == "workload" else None)
 
     if cfg.plots and rows:
         _plots(rec, rows, x, grid)

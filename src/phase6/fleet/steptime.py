@@ -99,8 +99,13 @@ SERVE_BENCH_KEYS = ("concurrency", "ttft_p50_ms", "tpot_p50_ms")
 
 
 def read_serve_bench_rows(path: str | Path) -> list[dict]:
-    """The closed-loop rows (concurrency set) of a serve-bench results.json, each with TTFT p50 and TPOT p50."""
+    """The closed-loop rows (concurrency set) of a serve-bench results.json, each with TTFT p50 and TPOT p50.
+
+    ``path`` may be a run dir (its results.json) or a ``-m`` sweep dir (its summary.json: one row per member).
+    """
     p = Path(path)
+    if p.is_dir():
+        p = p / "summary.json" if (p / "summary.json").is_file() else p / "results.json"
     if not p.is_file():
         raise ValueError(f"{p}: serve-bench results.json not found")
     try:
