@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import yaml
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.tensor import DTensor
 
 from phase6 import metrics
 from phase6.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -39,7 +38,7 @@ from phase6.data.shards import Manifest, load_manifest
 from phase6.dist import DistInfo, all_reduce_mean, barrier, init_distributed, teardown
 from phase6.models.gpt2 import GPT
 from phase6.models.hf import export_hf, hf_tokenizer
-from phase6.optim import build_optimizer, build_scheduler
+from phase6.optim import build_optimizer, build_scheduler, clip_grad_norm
 from phase6.parallel import parallelize, set_grad_sync
 from phase6.plan.pretrain import LossReference, PretrainPrediction, predict_pretrain
 from phase6.runrecord import RunRecord
@@ -108,13 +107,6 @@ def scaling_rows(cfg: PretrainRunConfig, world: int, grad_accum: int, gpt2_token
 
 # ----------------------------------------------------------------------------------------------------------------
 # helpers of the loop
-
-
-def clip_grad(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
-    """Global grad norm (before clipping); clips to max_norm when > 0. Works on DDP and FSDP2 (DTensor) grads."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 @torch.no_grad()
@@ -279,7 +271,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
                 loss = pmodel(x, y)
             (loss / grad_accum).backward()
             loss_sum += loss.detach()
-        grad_norm = clip_grad(model, cfg.optim.grad_clip)
+        grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
         lr = sched.get_last_lr()[0]
         opt.step()
         sched.step()

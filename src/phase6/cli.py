@@ -104,6 +104,21 @@ def fleet_bench(ctx: typer.Context) -> None:
     bench_main(ctx.args)
 
 
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print a table (timing goals live here).")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("pretrain", context_settings=OVERRIDES, add_help_option=False)
+def bench_pretrain(ctx: typer.Context) -> None:
+    """6A step throughput: phase6 GPT vs HF GPT2LMHeadModel on one GPU, 2-GPU DDP/FSDP2 scaling (flags: --help)."""
+    from phase6.bench.pretrain import main as bench_main
+
+    try:
+        bench_main(ctx.args)
+    except ValueError as e:
+        fail(str(e))
+
+
 @app.command("config", context_settings=OVERRIDES)
 def config_cmd(ctx: typer.Context, job: str = typer.Argument(..., help="job name, e.g. pretrain")) -> None:
     """Print the resolved and validated config of JOB with the given overrides."""

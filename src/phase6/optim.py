@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from phase6.config.pretrain import OptimConfig
 
@@ -39,6 +40,13 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
         fused=fused,
         foreach=None if fused else True,
     )
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Global grad norm before clipping (a plain tensor); clips to max_norm when > 0. DDP, FSDP2 (DTensor) or plain."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def lr_factor(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:

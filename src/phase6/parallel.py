@@ -40,6 +40,8 @@ def apply_compile(model: nn.Module, per_block: bool, mode: str | None = None) ->
     if per_block:
         for block in _blocks(model):
             block.compile(mode=mode, fullgraph=True)
+        # the (B, T, V) loss outside the blocks: compiled alone so the fp32 upcast fuses into cross-entropy
+        model.loss_fn = torch.compile(model.loss_fn, mode=mode)
     else:
         model.compile(mode=mode)
 

@@ -81,6 +81,7 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied input/output embedding (GPT-2)
+        self.loss_fn = lm_loss  # phase6.parallel.apply_compile may swap in a compiled copy
         self.init_weights()
 
     @torch.no_grad()
@@ -125,5 +126,13 @@ class GPT(nn.Module):
         logits = self.lm_head(x)[..., : self.cfg.vocab_size]  # (B, T, V): padding rows are never scored
         if targets is None:
             return logits
-        # fp32 log-softmax even under bf16 autocast; torch.compile fuses the upcast into the CE kernel
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return self.loss_fn(logits, targets)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of (B, T, V) logits against (B, T) targets (-100 = ignored).
+
+    The log-softmax runs in fp32 even under bf16 autocast; compiled (whole model, or this function alone under
+    per-block compilation) the upcast fuses into the CE kernel instead of materialising fp32 logits.
+    """
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

@@ -1,0 +1,1 @@
+"""Benchmarks that print a table (timing goals live here, not in tests)."""
