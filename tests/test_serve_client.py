@@ -41,6 +41,7 @@ SCRIPTS: list[dict[str, Any]] = [
     {"ttft_s": 0.2, "gaps_s": [0.05]},                                                       # 9 slow first token
     {"ttft_s": 0.05, "gaps_s": [0.05] * 200},                                                # 10 long
     {"ttft_s": 1.0, "gaps_s": []},                                                           # 11 one token at 1 s
+    {"ttft_s": 0.0, "gaps_s": [0.01], "fault": "stall", "fault_at": 0},                      # 12 silent from the start
 ]
 
 
@@ -140,6 +141,15 @@ def test_server_crash_mid_run_is_counted_and_ends_the_run(tmp_path: Path) -> Non
     assert out.abort_reason is not None and "exited" in out.abort_reason
     assert out.completed == 0 and out.sent + out.not_sent == 30 and out.failed == out.sent > 0
     assert all(r.error for r in out.results if r.sent)
+
+
+def test_a_stalled_server_ends_the_run_after_one_wave_of_timeouts(server) -> None:
+    t = time.perf_counter()
+    out = run(server, [12] * 40, concurrency=2, read_timeout_s=0.5)
+    # 20 waves of 0.5 s read timeouts without the breaker; it trips after max(8, C) timeouts in a row
+    assert time.perf_counter() - t < 5.0
+    assert out.abort_reason == "server stalled: 8 requests in a row timed out"
+    assert out.completed == 0 and out.failed == out.sent and out.sent + out.not_sent == 40 and out.not_sent > 0
 
 
 def test_sse_parser_handles_comments_multiline_data_and_errors() -> None:

@@ -65,7 +65,7 @@ def peak_in_flight(out: RunOutcome) -> int:
 
 
 def offered_rate(out: RunOutcome) -> float:
-    t = sorted(r.dispatch_s for r in out.results if r.sent)
+    t = sorted(r.dispatch_s for r in out.results if r.dispatched)
     return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else float("nan")
 
 
@@ -111,7 +111,7 @@ def arrival_rates(rates: list[float], seconds: float, seed: int, workdir: Path) 
             out = run_benchmark(srv.base_url, "chat", [body(0)] * n, schedule.tolist(), None,
                                 warmup=[body(0)] * 64, read_timeout_s=10.0, request_timeout_s=30.0)
             c1, s1 = time.process_time(), cpu_s(srv.proc.pid)
-            lag = [r.dispatch_lag_s * 1e3 for r in out.results if r.sent]
+            lag = [r.dispatch_lag_s * 1e3 for r in out.results if r.dispatched]
             offered = offered_rate(out)
             row = {
                 "target_req_s": rate, "requests": n, "offered_req_s": offered,

@@ -101,8 +101,14 @@ class RequestResult:
     text: str = ""
 
     @property
-    def sent(self) -> bool:
+    def dispatched(self) -> bool:
+        """Arrived at the client (its scheduled time came); may still have waited for a concurrency slot."""
         return not math.isnan(self.dispatch_s)
+
+    @property
+    def sent(self) -> bool:
+        """Issued to the server (passed the concurrency gate)."""
+        return not math.isnan(self.send_s)
 
     @property
     def ttft_s(self) -> float:
@@ -191,6 +197,7 @@ class RunOutcome:
 
     @property
     def not_sent(self) -> int:
+        """Never issued to the server (not yet due, or still waiting for a slot, when the run was aborted)."""
         return self.planned - self.sent
 
 
@@ -288,15 +295,18 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
                        request_timeout_s: float = 1800.0, deadline_s: float | None = None,
                        abort_check: Callable[[], str | None] | None = None, tokenizer: TokenizerLike | None = None,
                        requests: list[BenchRequest] | None = None, warmup_bodies: list[bytes] | None = None,
-                       send_time_header: bool = False, on_start: Callable[[float], None] | None = None,
+                       send_time_header: bool = False, stall_after: int | None = None,
+                       on_start: Callable[[float], None] | None = None,
                        on_progress: Callable[[int, int, int], None] | None = None,
                        progress_every_s: float = 10.0) -> RunOutcome:
     """Send ``bodies[i]`` at ``schedule[i]`` seconds (gated by ``concurrency``) and collect every stream.
 
     ``warmup_bodies`` run first, closed loop at the same concurrency and over the same connection pool (so the
-    measured run does not pay TCP connects or server warm-up), and are discarded. ``deadline_s`` (after the
-    start) and ``abort_check`` (polled every 0.2 s, e.g. "server exited") end the run: in-flight requests fail
-    with the reason, unsent ones stay unsent. Never hangs longer than the deadline (+ the warmup's own).
+    measured run does not pay TCP connects or server warm-up), and are discarded. Three things end the run early:
+    ``abort_check`` returning a reason (polled every 0.2 s, e.g. "server exited"), ``stall_after`` consecutive
+    requests failing on a timeout (default max(8, concurrency): a stalled server would otherwise cost N/C waves of
+    read timeouts), and ``deadline_s`` after the start (None = none); in-flight requests then fail with the
+    reason and unsent ones stay unsent.
     ``on_progress(finished, sent, planned)`` is called every ``progress_every_s`` seconds.
     ``send_time_header`` adds ``x-send-time`` (this host's CLOCK_MONOTONIC at send) for the scripted test
     server, which then times its script from the client's send instead of its own receive.
@@ -309,8 +319,6 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
         for r, q in zip(results, requests, strict=True):
             r.prompt_len, r.requested_output_len = q.prompt_len, q.output_len
     order = sorted(range(n), key=lambda i: schedule[i])
-    if deadline_s is None:
-        deadline_s = max(schedule, default=0.0) + request_timeout_s + 30.0
     _raise_nofile_limit()
     limit = concurrency or 0
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60, ttl_dns_cache=300)
@@ -321,6 +329,8 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
     abort: list[str] = []
     perf = time.perf_counter
     warm_results: list[RequestResult] = []
+    timeouts = [0]  # consecutive requests that ended in a timeout (reset by any other outcome)
+    stall_n = stall_after or max(8, concurrency or 0)
 
     async def send(r: RequestResult, body: bytes, session: aiohttp.ClientSession, t0: float) -> None:
         s = _Stream()
@@ -362,6 +372,7 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
         except aiohttp.ClientError as e:
             r.error = f"{type(e).__name__}: {str(e)[:200]}"
         finally:
+            timeouts[0] = timeouts[0] + 1 if r.error.startswith("timeout") else 0
             _finalize(r, s, tokenizer)
 
     async def one(r: RequestResult, body: bytes, session: aiohttp.ClientSession, t0: float) -> None:
@@ -395,8 +406,11 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
                 next_progress += progress_every_s
                 on_progress(sum(not math.isnan(r.end_s) for r in results), len(tasks), n)
             reason = abort_check() if abort_check is not None else None
-            if reason is None and perf() - t0 > deadline_s:
+            now = perf()
+            if reason is None and deadline_s is not None and now - t0 > deadline_s:
                 reason = f"run deadline of {deadline_s:.0f} s reached"
+            if reason is None and timeouts[0] >= stall_n:
+                reason = f"server stalled: {timeouts[0]} requests in a row timed out"
             if reason is not None:
                 abort.append(reason)
                 dispatcher.cancel()
@@ -420,6 +434,7 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
                         await send(r, body, session, t_w)
 
                 await asyncio.gather(*(warm(i, b) for i, b in enumerate(warmup_bodies)))
+            timeouts[0] = 0
             t0 = perf()
             if on_start is not None:
                 on_start(t0)
@@ -438,7 +453,7 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
     finally:
         gc.unfreeze()
     sent = [r for r in results if r.sent]
-    assert sum(r.ok for r in sent) + sum(not r.ok for r in sent) == len(sent)
+    assert all(r.sent for r in results if r.ok) and all(r.dispatched for r in sent)
     first = min((r.dispatch_s for r in sent), default=0.0)
     last = max((r.end_s for r in sent), default=first)
     return RunOutcome(results, last - first, first, abort[0] if abort else None,

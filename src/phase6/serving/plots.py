@@ -51,7 +51,7 @@ def plot_timeseries(outcome: RunOutcome, t0_monotonic: float, telemetry_path: Pa
     """Client in-flight requests, server running/waiting/KV-cache (Prometheus) and GPU util/memory over time."""
     plt = _plt()
     sent = [r for r in outcome.results if r.sent]
-    events = sorted([(r.dispatch_s, 1) for r in sent] + [(r.end_s, -1) for r in sent])
+    events = sorted([(r.send_s, 1) for r in sent] + [(r.end_s, -1) for r in sent])
     xs, ys, level = [], [], 0
     for t, d in events:
         level += d

@@ -59,12 +59,13 @@ def summarize(outcome: RunOutcome, *, engine: str, tp: int, concurrency: int | N
     itl = [g * 1e3 for r in ok for g in r.itl_samples_s()]
     gaps = [g * 1e3 for r in ok for g in r.chunk_gaps_s()]
     e2e = [r.e2e_s * 1e3 for r in ok]
-    queue = [r.queue_s * 1e3 for r in sent if not math.isnan(r.send_s)]
-    lag = [r.dispatch_lag_s * 1e3 for r in sent]
+    arrived = [r for r in outcome.results if r.dispatched]
+    queue = [r.queue_s * 1e3 for r in sent]
+    lag = [r.dispatch_lag_s * 1e3 for r in arrived]
     good = sum(is_good(r, slo) for r in ok)
-    span = max((r.dispatch_s for r in sent), default=0.0) - min((r.dispatch_s for r in sent), default=0.0)
+    span = max((r.dispatch_s for r in arrived), default=0.0) - min((r.dispatch_s for r in arrived), default=0.0)
     open_loop = len({r.scheduled_s for r in outcome.results}) > 1  # closed loop queues everything at t = 0
-    offered = (len(sent) - 1) / span if open_loop and len(sent) > 1 and span > 0 else math.nan
+    offered = (len(arrived) - 1) / span if open_loop and len(arrived) > 1 and span > 0 else math.nan
     errors = Counter(r.error.split(":")[0] for r in sent if not r.ok)
     retok = [(r.retokenized_tokens, r.output_tokens) for r in ok
              if r.retokenized_tokens is not None and r.tokens_source == "usage" and r.output_tokens > 0]
@@ -90,7 +91,7 @@ def summarize(outcome: RunOutcome, *, engine: str, tp: int, concurrency: int | N
         "req_s": len(ok) / dur if dur > 0 else 0.0,
         "goodput_tok_s": sum(r.output_tokens for r in ok if is_good(r, slo)) / dur if dur > 0 else 0.0,
         "good_fraction": good / outcome.planned if outcome.planned else math.nan,
-        "mean_in_flight": sum(r.end_s - r.dispatch_s for r in sent) / dur if dur > 0 else math.nan,
+        "mean_in_flight": sum(r.end_s - r.send_s for r in sent) / dur if dur > 0 else math.nan,
         "e2e_p50_ms": pct(e2e, 50),
         "e2e_p99_ms": pct(e2e, 99),
         "chunk_gap_p50_ms": pct(gaps, 50),
