@@ -66,6 +66,12 @@ def pretrain(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
     run("pretrain", ctx.args, multirun)
 
 
+@app.command("eval", context_settings=OVERRIDES)
+def eval_cmd(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
+    """6A eval: lm-eval (hellaswag, arc_easy, piqa) on model=<HF dir | hub id>, + val loss with val_data=<shards>."""
+    run("eval", ctx.args, multirun)
+
+
 @app.command(context_settings=OVERRIDES)
 def plan(ctx: typer.Context, multirun: bool = MULTIRUN,
          json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the scripting interface)."),

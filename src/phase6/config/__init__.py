@@ -162,6 +162,7 @@ JOBS: dict[str, JobSpec] = {
     "prepare_data": JobSpec("phase6.config.data:PrepareDataRunConfig", "projects/6a_pretrain/prepare.py:main",
                             "6A: tokenize a corpus into llm.c shards (shard 0 = val) + manifest.json; resumable"),
     "pretrain": JobSpec("phase6.config.pretrain:PretrainRunConfig", "projects/6a_pretrain/train.py:main", "6A: GPT-2 pretraining, predicted vs measured"),
+    "eval": JobSpec("phase6.config.pretrain:EvalRunConfig", "projects/6a_pretrain/eval.py:main", "6A: lm-eval + val loss of an HF model"),
     "dpo": JobSpec("phase6.config.dpo:DPORunConfig", "projects/6c_dpo/dpo.py:main", "LoRA-DPO/IPO/ORPO + battery + verdict"),
     "grpo": JobSpec("phase6.config.grpo:GrpoRunConfig", "projects/6d_grpo/grpo.py:main", "6D: GRPO on GSM8K, instrumented rollouts"),
     "plan": JobSpec("phase6.config.plan:PlanRunConfig", "phase6.plan.job:main", "predict memory/comm/time, rank layouts"),

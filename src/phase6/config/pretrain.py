@@ -13,6 +13,7 @@ from typing import Any
 
 from phase6.config import CONFIG_DIR, HardwareConfig, LoggerConfig, RunConfig, require
 from phase6.config.data import DataConfig
+from phase6.evals.battery import LocalTask
 
 SCHEDULES = ("cosine", "warmdown")
 PARALLEL_MODES = ("ddp", "fsdp2")
@@ -157,8 +158,8 @@ class TrainConfig:
 
     micro_batch_size: int = 8
     """Sequences per GPU per forward (B)."""
-    seq_len: int = 64
-    """Tokens per sequence (T); at most model.block_size."""
+    seq_len: int | None = None
+    """Tokens per sequence (T), at most model.block_size; None = model.block_size."""
     total_batch_tokens: int = 2048
     """Tokens per optimizer step over all GPUs; grad-accum steps = this / (B * T * world)."""
     max_steps: int = 50
@@ -186,8 +187,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_justify(self, "train")
-        for key in ("micro_batch_size", "seq_len", "total_batch_tokens", "max_steps", "keep_checkpoints"):
+        for key in ("micro_batch_size", "total_batch_tokens", "max_steps", "keep_checkpoints"):
             require(getattr(self, key) > 0, f"train.{key}", f"must be > 0, got {getattr(self, key)}")
+        require(self.seq_len is None or self.seq_len > 0, "train.seq_len", f"must be > 0 or null, got {self.seq_len}")
         for key in ("val_every", "val_tokens", "ckpt_every", "dry_run_steps"):
             require(getattr(self, key) >= 0, f"train.{key}", f"must be >= 0, got {getattr(self, key)}")
         require(self.dtype in DTYPES, "train.dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
@@ -195,6 +197,7 @@ class TrainConfig:
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-steps per optimizer step so that B * T * world * accum == total_batch_tokens exactly."""
+        assert self.seq_len is not None, "train.seq_len is resolved by PretrainRunConfig"
         per_micro = self.micro_batch_size * self.seq_len * world_size
         require(
             self.total_batch_tokens % per_micro == 0,
@@ -259,6 +262,8 @@ class PretrainRunConfig:
 
     def __post_init__(self) -> None:
         require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
+        if self.train.seq_len is None:
+            self.train.seq_len = self.model.block_size
         require(
             self.train.seq_len <= self.model.block_size,
             "train.seq_len",
@@ -273,3 +278,55 @@ class PretrainRunConfig:
             for name, why in group.justify.items():
                 rows.append({"hyperparameter": f"{key}.{name}", "value": getattr(group, name), "why (source)": why})
         return rows
+
+
+@dataclass
+class EvalRunConfig:
+    """`phase6 eval`: lm-eval-harness on an HF model directory or hub id, and its val loss on our shards."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    model: str = "gpt2"
+    """HF model directory (a 6A run's `hf/` export) or hub id (`gpt2` = OpenAI's 124M, the baseline)."""
+    tasks: list[str] = field(default_factory=lambda: ["hellaswag", "arc_easy", "piqa"])
+    """lm-eval built-in tasks (GPT-2 124M: HellaSwag acc_norm 29.4, the anchors' baseline)."""
+    local_tasks: list[LocalTask] = field(default_factory=list)
+    """Extra tasks from local JSONL files (phase6.evals.battery.LocalTask)."""
+    num_fewshot: int | None = 0
+    """Few-shot examples (0 = the zero-shot setting of the GPT-2 / llm.c HellaSwag numbers); None = task default."""
+    limit: int | None = None
+    """Cap examples per task (smoke runs only: a capped benchmark is not the benchmark)."""
+    batch_size: int = 16
+    """lm-eval batch size."""
+    dtype: str = "auto"
+    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32' or 'bfloat16'."""
+    device: str = "auto"
+    """'auto', 'cuda' or 'cpu'."""
+    val_data: str | None = None
+    """Shard directory (prepare-data out_dir or llm.c shards): mean loss on its val shard; None = skip."""
+    val_tokens: int = 10_485_760
+    """Val tokens scored (10 x 2^20, the speedrun's definition), rounded down to whole batches."""
+    val_seq_len: int = 1024
+    """Context of each val window (GPT-2: 1024)."""
+    val_batch_size: int = 16
+    """Windows per forward for the val loss."""
+    trust_remote_code: bool = False
+    """Allow model code from the model directory / hub (off unless you trust the source)."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.model), "model", "is required: an HF directory (e.g. <run dir>/hf) or hub id (e.g. gpt2)")
+        require(
+            bool(self.tasks or self.local_tasks or self.val_data),
+            "tasks",
+            "nothing to do: give tasks, local_tasks or val_data",
+        )
+        require(
+            self.dtype in ("auto", "float32", "bfloat16"),
+            "dtype",
+            f"must be auto, float32 or bfloat16, got {self.dtype!r}",
+        )
+        require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
+        for key in ("batch_size", "val_tokens", "val_seq_len", "val_batch_size"):
+            require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        require(self.limit is None or self.limit > 0, "limit", f"must be > 0 or null, got {self.limit}")
