@@ -138,7 +138,11 @@ def test_verdict_rules() -> None:
     ok = dpo_verdict(before, battery("a", mmlu=0.685, truthfulqa_mc2=0.560), target="truthfulqa_mc2", length_ratio=1.2)
     assert ok.status == "PASS"
     assert [c.passed for c in ok.checks] == [True, True, True]
-    assert ok.checks[0].note == "beyond 2 SE"
+    assert ok.checks[0].bar == "delta > 2 SE (1.13 pts)"  # 200 * sqrt(2) * 0.004
+    within = dpo_verdict(
+        before, battery("a", mmlu=0.70, truthfulqa_mc2=0.505), target="truthfulqa_mc2", length_ratio=1.0
+    )
+    assert within.status == "FAIL" and within.checks[0].note == "improved within noise"
     mmlu_drop = dpo_verdict(
         before, battery("a", mmlu=0.675, truthfulqa_mc2=0.56), target="truthfulqa_mc2", length_ratio=1.0
     )

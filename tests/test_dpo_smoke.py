@@ -13,7 +13,7 @@ from phase6.config import CONFIG_DIR
 REPO = CONFIG_DIR.parent
 
 
-def phase6(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+def phase6(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
     return subprocess.run(
         [sys.executable, "-m", "phase6", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env

@@ -356,6 +356,9 @@ def main(cfg: DPORunConfig) -> Path:
                 ("lora.alpha", cfg.lora.alpha),
                 ("max_length", cfg.dpo.max_length),
                 ("pairs_per_step", cfg.dpo.pairs_per_step(world)),
+                ("precompute_ref_log_probs", cfg.dpo.precompute_ref_log_probs),
+                ("gradient_checkpointing", cfg.dpo.gradient_checkpointing),
+                ("group_by_length", cfg.dpo.group_by_length),
             )
         ],
     }

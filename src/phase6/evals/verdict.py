@@ -1,5 +1,10 @@
 """The 6C evidence bar as code: target improved; MMLU drop ≤ 2 points; generation length ratio ≤ 1.3×.
 
+"Improved" means the gain exceeds two standard errors of the before/after difference (lm-eval's per-task stderr,
+combined as if independent, which is conservative because the same items are scored twice); a gain inside that band
+is reported as "improved within noise" and does not pass. The MMLU bar is a point estimate: at 14,042 questions its
+standard error is ~0.4 points, well below the 2-point bar.
+
 A check that was not measured (task not in the battery, no length stats) is reported as ``not measured`` and makes the
 verdict ``INCOMPLETE``, never ``PASS``.
 """
@@ -64,8 +69,11 @@ def target_check(
         return Check(f"target improved ({target})", "—", "delta > 0", None, f"{target} not in the battery")
     d = 100 * (after.scores[target].value - before.scores[target].value)
     noise = _noise_pts(before, after, target)
-    note = "" if noise is None else ("beyond 2 SE" if d > noise else f"within noise (2 SE = {noise:.2f} pts)")
-    return Check(f"target improved ({target})", f"{d:+.2f} pts", "delta > 0", d > 0, note)
+    if noise is None:
+        return Check(f"target improved ({target})", f"{d:+.2f} pts", "delta > 0", d > 0, "no stderr: point estimate")
+    bar = f"delta > 2 SE ({noise:.2f} pts)"
+    note = "" if d > noise else ("improved within noise" if d > 0 else "")
+    return Check(f"target improved ({target})", f"{d:+.2f} pts", bar, d > noise, note)
 
 
 def mmlu_check(

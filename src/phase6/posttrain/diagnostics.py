@@ -390,6 +390,14 @@ class LengthComparison:
     def flagged(self) -> bool:
         return self.ratio > self.threshold
 
+    @property
+    def status(self) -> str:
+        if self.flagged:
+            return f"FLAG > {self.threshold:g}x"
+        if self.after.truncated_frac > 0:
+            return "lower bound (after hit max_new_tokens)"
+        return f"ok ≤ {self.threshold:g}x"
+
     def rows(self) -> list[dict[str, Any]]:
         rows = []
         for name, s in (("before (base)", self.before), ("after (base+adapter)", self.after)):
@@ -412,7 +420,7 @@ class LengthComparison:
                 "median": round(self.after.median / self.before.median, 3) if self.before.median else "",
                 "p90": round(self.after.p90 / self.before.p90, 3) if self.before.p90 else "",
                 "max": "",
-                "hit max_new_tokens": f"FLAG > {self.threshold:g}x" if self.flagged else f"ok ≤ {self.threshold:g}x",
+                "hit max_new_tokens": self.status,
             }
         )
         return rows
