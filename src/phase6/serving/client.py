@@ -29,17 +29,52 @@ import gc
 import json
 import math
 import resource
+import select
+import selectors
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 from phase6.serving.workload import BenchRequest, TokenizerLike
 
+T = TypeVar("T")
 API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _decode = json.JSONDecoder().decode  # str in, no encoding sniffing: the per-chunk hot path
+
+
+class PreciseEpollSelector(selectors.EpollSelector):
+    """epoll with microsecond timeouts, for event loops whose timers must fire on time.
+
+    epoll_wait takes whole milliseconds and CPython rounds timeouts up, so every asyncio timer fires 0-1 ms late
+    (a scheduled send, a scripted chunk). Waiting on the epoll descriptor itself with select() (microsecond
+    timeout; one low-numbered fd, so no FD_SETSIZE limit on the sockets epoll watches) and then harvesting with a
+    zero-timeout epoll_wait keeps epoll's scaling and fixes the timer error.
+    """
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is not None and timeout > 0:
+            select.select([self._selector.fileno()], [], [], timeout)
+            timeout = 0
+        return super().select(timeout)
+
+
+def run_precise(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on a loop with ``PreciseEpollSelector`` (Linux; the default loop elsewhere)."""
+    if not hasattr(selectors, "EpollSelector"):
+        return asyncio.run(coro)
+    loop = asyncio.SelectorEventLoop(PreciseEpollSelector())
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def request_body(req: BenchRequest, *, engine: str, api: str, model: str, fix_output_len: bool,
@@ -465,5 +500,5 @@ def run_benchmark(base_url: str, api: str, bodies: list[dict[str, Any]], schedul
     """Synchronous wrapper: serialize bodies before the clock starts, then run one event loop."""
     encoded = [json.dumps(b).encode() for b in bodies]
     warm = [json.dumps(b).encode() for b in warmup or []]
-    return asyncio.run(run_requests(base_url, api, encoded, [float(s) for s in schedule], concurrency,
+    return run_precise(run_requests(base_url, api, encoded, [float(s) for s in schedule], concurrency,
                                     warmup_bodies=warm, **kwargs))

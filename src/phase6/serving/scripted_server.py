@@ -17,8 +17,8 @@ script 0). A script fixes when every chunk leaves the server, how many tokens it
 With ``--scripts`` it also stands in for an engine in lifecycle tests (``serve.launcher=[python, -m,
 phase6.serving.scripted_server, --scripts, f.json]``): the model positional and engine flags are accepted and ignored.
 
-The loop uses ``select()`` (microsecond timeouts) instead of epoll (millisecond timeouts) so a chunk leaves
-within tens of microseconds of its target. ``/metrics`` exposes vLLM-style gauges of the in-flight count.
+The loop's timers fire on time (``client.PreciseEpollSelector``: epoll alone rounds timeouts up to whole
+milliseconds), so a chunk leaves within tens of microseconds of its target. ``/metrics`` exposes vLLM-style gauges of the in-flight count.
 
     python -m phase6.serving.scripted_server --port 8123 --scripts scripts.json
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import selectors
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
+from phase6.serving.client import PreciseEpollSelector
 from phase6.serving.server import Server, free_port, module_env
 
 FAULTS = (None, "http500", "stall", "disconnect", "malformed", "no_finish")
@@ -201,7 +201,7 @@ def build_app(scripts: list[dict[str, Any]]) -> web.Application:
 
 
 def serve(scripts: list[dict[str, Any]], host: str, port: int) -> None:
-    loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+    loop = asyncio.SelectorEventLoop(PreciseEpollSelector())
     asyncio.set_event_loop(loop)
     runner = web.AppRunner(build_app(scripts), access_log=None, handle_signals=True)
     loop.run_until_complete(runner.setup())
