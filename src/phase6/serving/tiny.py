@@ -67,4 +67,7 @@ def build_random_chat_model(out_dir: str | Path, kind: str = "tiny", seed: int =
     model.generation_config.pad_token_id = tok.pad_token_id
     tok.save_pretrained(out)
     model.save_pretrained(out)
+    del model
+    if big and torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the server process needs this GPU's memory for the same weights and its KV cache
     return out
