@@ -64,8 +64,16 @@ def test_cross_field_rules() -> None:
 
 
 def test_verl_job_carries_our_settings(tmp_path: Path) -> None:
-    cfg = load_config("grpo", ["engine=verl", "grpo.beta=0.002", "grpo.num_prompts=32", "grpo.loss_type=dr_grpo",
-                               "+engine.verl_overrides.trainer.val_before_train=false"])
+    cfg = load_config(
+        "grpo",
+        [
+            "engine=verl",
+            "grpo.beta=0.002",
+            "grpo.num_prompts=32",
+            "grpo.loss_type=dr_grpo",
+            "+engine.verl_overrides.trainer.val_before_train=false",
+        ],
+    )
     rows = gsm8k.synthetic_rows(6)
     out = grpo_verl.write_verl_job(cfg, rows[:4], rows[4:], tmp_path, num_gpus=2)
     o = yaml.safe_load((out / "overrides.yaml").read_text())

@@ -56,8 +56,9 @@ QWEN25_15B = dict(
 )
 EOS, PAD = 151645, 151643  # <|im_end|>, <|endoftext|> in Qwen2.5's vocabulary
 # --cpu-check: the same code paths with a 2-layer model on CPU, to validate the script where there is no GPU
-CPU_CHECK_ARCH = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2)
+CPU_CHECK_ARCH = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 DEVICE = "cuda"
 
 
@@ -92,12 +93,19 @@ def bench_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
 
     def row(name: str, out: Any, first_call_s: float | None, note: str) -> None:
-        rows.append({"variant": name, "sequences": len(out.completion_ids), "tokens": out.num_tokens,
-                     "generate_s": round(out.generate_s, 2), "tokens_per_s": round(out.tokens_per_s),
-                     "first_call_s": None if first_call_s is None else round(first_call_s, 1),
-                     "logprob_pass_s": round(out.logprob_s, 2) if out.logprob_s else None,
-                     "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else None,
-                     "note": note})
+        rows.append(
+            {
+                "variant": name,
+                "sequences": len(out.completion_ids),
+                "tokens": out.num_tokens,
+                "generate_s": round(out.generate_s, 2),
+                "tokens_per_s": round(out.tokens_per_s),
+                "first_call_s": None if first_call_s is None else round(first_call_s, 1),
+                "logprob_pass_s": round(out.logprob_s, 2) if out.logprob_s else None,
+                "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else None,
+                "note": note,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
 
     for name in args.variants.split(","):
@@ -108,8 +116,16 @@ def bench_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
             row(name, naive_generate(model, ids, forced, PAD, {EOS}), None, "dynamic cache, eager")
         elif name in ("hf_static", "hf_static_compiled"):
             compiled = name == "hf_static_compiled"
-            engine = HFEngine(model, PAD, [EOS], static_cache=True, compile_decode=compiled, pad_to_multiple=64,
-                              return_logprobs=args.logprobs, score_batch_size=8)
+            engine = HFEngine(
+                model,
+                PAD,
+                [EOS],
+                static_cache=True,
+                compile_decode=compiled,
+                pad_to_multiple=64,
+                return_logprobs=args.logprobs,
+                score_batch_size=8,
+            )
             t0 = time.perf_counter()
             engine.generate(ids, forced)  # same shape: compiles and records the CUDA graphs that the next call replays
             first = time.perf_counter() - t0
@@ -150,24 +166,51 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
     dummy_model("cpu").save_pretrained(work / "model")
     tok.save_pretrained(work / "model")
     rng = random.Random(0)
-    rows = [{"prompt": [{"role": "user", "content": " ".join(f"t{rng.randrange(1000, 150000)}"
-                                                             for _ in range(rng.randrange(80, 176)))}],
-             "solution": str(rng.randrange(10))} for _ in range(args.prompts * (args.steps + 1))]
+    rows = [
+        {
+            "prompt": [
+                {
+                    "role": "user",
+                    "content": " ".join(f"t{rng.randrange(1000, 150000)}" for _ in range(rng.randrange(80, 176))),
+                }
+            ],
+            "solution": str(rng.randrange(10)),
+        }
+        for _ in range(args.prompts * (args.steps + 1))
+    ]
     cfg = GRPOConfig(
-        output_dir=str(work / "out"), per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=args.prompts * args.group // args.micro_batch, num_generations=args.group,
-        max_completion_length=args.new_tokens, max_steps=args.steps, learning_rate=1e-6, beta=0.001,
-        bf16=DEVICE == "cuda", use_cpu=DEVICE == "cpu", gradient_checkpointing=True, use_vllm=False, logging_steps=1, save_strategy="no", report_to=[],
-        disable_tqdm=True, model_init_kwargs={"dtype": dtype, "attn_implementation": "sdpa"},
+        output_dir=str(work / "out"),
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=args.prompts * args.group // args.micro_batch,
+        num_generations=args.group,
+        max_completion_length=args.new_tokens,
+        max_steps=args.steps,
+        learning_rate=1e-6,
+        beta=0.001,
+        bf16=DEVICE == "cuda",
+        use_cpu=DEVICE == "cpu",
+        gradient_checkpointing=True,
+        use_vllm=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        model_init_kwargs={"dtype": dtype, "attn_implementation": "sdpa"},
     )
 
     def build(trainer: Any) -> HFEngine:
         m = AutoModelForCausalLM.from_pretrained(work / "model", dtype=dtype).to(DEVICE)
         return HFEngine(m, PAD, [EOS], compile_decode=True, pad_to_multiple=64, score_batch_size=8)
 
-    trainer = EngineGRPOTrainer(model=str(work / "model"), reward_funcs=[digit_reward], args=cfg,
-                                train_dataset=Dataset.from_list(rows), processing_class=tok, engine_builder=build,
-                                probe_every=0)
+    trainer = EngineGRPOTrainer(
+        model=str(work / "model"),
+        reward_funcs=[digit_reward],
+        args=cfg,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        engine_builder=build,
+        probe_every=0,
+    )
     trainer.train()
     for i, r in enumerate(trainer.step_rows, 1):
         print(json.dumps({"step": i, **{k: round(v, 3) for k, v in r.items()}}), flush=True)
@@ -176,8 +219,15 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
         r.pop("what")
     syncs = trainer.sync_log[1:] or trainer.sync_log
     if syncs:
-        table.append({"phase": "weight_sync detail", "mean_s_per_step": sum(s["ms"] for s in syncs) / len(syncs) / 1e3,
-                      "share_pct": None, "gib": syncs[0]["bytes"] / 2**30, "mechanism": syncs[0]["mechanism"]})
+        table.append(
+            {
+                "phase": "weight_sync detail",
+                "mean_s_per_step": sum(s["ms"] for s in syncs) / len(syncs) / 1e3,
+                "share_pct": None,
+                "gib": syncs[0]["bytes"] / 2**30,
+                "mechanism": syncs[0]["mechanism"],
+            }
+        )
     return table
 
 
@@ -185,8 +235,13 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
     cols = list(dict.fromkeys(k for r in rows for k in r))
     print(f"\n{title}\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
-        print("| " + " | ".join("" if r.get(c) is None else (f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]))
-                                 for c in cols) + " |")
+        print(
+            "| "
+            + " | ".join(
+                "" if r.get(c) is None else (f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c])) for c in cols
+            )
+            + " |"
+        )
 
 
 def main() -> None:
@@ -210,16 +265,26 @@ def main() -> None:
         args.prompts, args.group, args.new_tokens, args.steps, args.micro_batch = 4, 2, 8, 2, 4
     elif not torch.cuda.is_available():
         raise SystemExit("bench.py measures GPU throughput; no CUDA device here (--cpu-check runs the code paths)")
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (check only)", "torch": torch.__version__,
-                              "date": time.strftime("%Y-%m-%d"), "shape": vars(args)}
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (check only)",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "shape": vars(args),
+    }
     if args.part in ("throughput", "all"):
         result["throughput"] = bench_throughput(args)
-        print_table(f"Rollout tokens/s, {args.prompts} prompts x {args.group} x {args.new_tokens} forced tokens, "
-                    f"{result['device']}", result["throughput"])
+        print_table(
+            f"Rollout tokens/s, {args.prompts} prompts x {args.group} x {args.new_tokens} forced tokens, "
+            f"{result['device']}",
+            result["throughput"],
+        )
     if args.part in ("step", "all"):
         result["step"] = bench_step(args)
-        print_table(f"GRPO step breakdown (HF engine, compiled), {args.prompts}x{args.group}x{args.new_tokens}, "
-                    f"mean of steps 2..{args.steps}", result["step"])
+        print_table(
+            f"GRPO step breakdown (HF engine, compiled), {args.prompts}x{args.group}x{args.new_tokens}, "
+            f"mean of steps 2..{args.steps}",
+            result["step"],
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
 

@@ -63,7 +63,7 @@ def prepare_model(cfg: GrpoRunConfig, rows: list[dict[str, Any]], run_dir: Path)
     if m.is_tiny:
         from phase6.posttrain.tiny import build_tiny_model, build_tiny_tokenizer
 
-        texts = [msg["content"] for r in rows for msg in r["prompt"]] + [r["solution"] for r in rows]
+        texts = [msg["content"] for r in rows for msg in r["prompt"]] + [r.get("answer", r["solution"]) for r in rows]
         if cfg.data.task == "digits":
             texts += digits.tokenizer_corpus()
         tok = build_tiny_tokenizer(texts, vocab_size=m.tiny_vocab_size)
@@ -72,30 +72,40 @@ def prepare_model(cfg: GrpoRunConfig, rows: list[dict[str, Any]], run_dir: Path)
         model.save_pretrained(path)
         tok.save_pretrained(path)
         return str(path), tok
-    tok = AutoTokenizer.from_pretrained(m.name_or_path, revision=m.revision, trust_remote_code=m.trust_remote_code,
-                                        padding_side="left")
+    tok = AutoTokenizer.from_pretrained(
+        m.name_or_path, revision=m.revision, trust_remote_code=m.trust_remote_code, padding_side="left"
+    )
     return m.name_or_path, tok
 
 
 def model_kwargs(cfg: GrpoRunConfig, use_cuda: bool) -> dict[str, Any]:
     dtype = DTYPES[cfg.model.dtype] if use_cuda or cfg.model.dtype != "bf16" else torch.float32
-    return {"dtype": dtype, "attn_implementation": cfg.model.attn_implementation, "revision": cfg.model.revision,
-            "trust_remote_code": cfg.model.trust_remote_code}
+    return {
+        "dtype": dtype,
+        "attn_implementation": cfg.model.attn_implementation,
+        "revision": cfg.model.revision,
+        "trust_remote_code": cfg.model.trust_remote_code,
+    }
 
 
 def build_rewards(cfg: GrpoRunConfig) -> tuple[list[Any], list[float], RewardMonitor]:
     if cfg.data.task == "digits":
         funcs, weights = [digits.digit_reward], [1.0]
-        monitor = RewardMonitor(cfg.grpo.max_completion_length, "digit_reward",
-                                min_reasoning_words=cfg.monitor.min_reasoning_words)
+        monitor = RewardMonitor(
+            cfg.grpo.max_completion_length, "digit_reward", min_reasoning_words=cfg.monitor.min_reasoning_words
+        )
         return funcs, weights, monitor
     funcs, weights = [gsm8k.correctness_reward], [1.0]
-    if cfg.data.format_reward:
-        funcs.append(gsm8k.format_reward)
+    fmt = {"none": None, "additive": gsm8k.format_reward, "gated": gsm8k.gated_format_reward}[cfg.data.format_reward]
+    if fmt is not None:
+        funcs.append(fmt)
         weights.append(cfg.data.format_reward_weight)
     monitor = RewardMonitor(
-        cfg.grpo.max_completion_length, "correctness_reward", "format_reward" if cfg.data.format_reward else None,
-        has_format=gsm8k.has_answer_format, reasoning_words=gsm8k.reasoning_words,
+        cfg.grpo.max_completion_length,
+        "correctness_reward",
+        fmt.__name__ if fmt is not None else None,
+        has_format=gsm8k.has_answer_format,
+        reasoning_words=gsm8k.reasoning_words,
         min_reasoning_words=cfg.monitor.min_reasoning_words,
     )
     return funcs, weights, monitor
@@ -151,9 +161,15 @@ def engine_builder(cfg: GrpoRunConfig, model_path: str, use_cuda: bool) -> Any:
         kwargs = model_kwargs(cfg, use_cuda)
         model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(trainer.accelerator.device)
         tok = trainer.processing_class
-        return HFEngine(model, tok.pad_token_id, trainer.eos_token_ids, static_cache=e.hf_static_cache,
-                        compile_decode=e.hf_compile, pad_to_multiple=e.hf_pad_to_multiple,
-                        score_batch_size=e.hf_score_batch_size)
+        return HFEngine(
+            model,
+            tok.pad_token_id,
+            trainer.eos_token_ids,
+            static_cache=e.hf_static_cache,
+            compile_decode=e.hf_compile,
+            pad_to_multiple=e.hf_pad_to_multiple,
+            score_batch_size=e.hf_score_batch_size,
+        )
 
     return build
 
@@ -166,8 +182,10 @@ def record_callback(rec: RunRecord) -> Any:
     class _Forward(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
             if logs:
-                rec.log({rename.get(k, k): v for k, v in logs.items() if isinstance(v, (int, float))},
-                        step=state.global_step)
+                rec.log(
+                    {rename.get(k, k): v for k, v in logs.items() if isinstance(v, (int, float))},
+                    step=state.global_step,
+                )
 
     return _Forward()
 
@@ -175,10 +193,18 @@ def record_callback(rec: RunRecord) -> Any:
 def run_eval(cfg: GrpoRunConfig, engine: Any, tok: Any, rows: list[dict[str, Any]]) -> EvalResult:
     e = cfg.eval
     if cfg.data.task == "digits":
-        return evaluate(engine, tok, rows, lambda t, s: digits.digit_share(t, s), e.k, e.temperature,
-                        e.max_new_tokens, e.batch_prompts)
-    return evaluate(engine, tok, rows, gsm8k.score, e.k, e.temperature, e.max_new_tokens, e.batch_prompts,
-                    strict_score=gsm8k.score_strict)
+        return evaluate(engine, tok, rows, digits.digit_score, e.k, e.temperature, e.max_new_tokens, e.batch_prompts)
+    return evaluate(
+        engine,
+        tok,
+        rows,
+        gsm8k.score,
+        e.k,
+        e.temperature,
+        e.max_new_tokens,
+        e.batch_prompts,
+        strict_score=gsm8k.score_strict,
+    )
 
 
 def run_verl(cfg: GrpoRunConfig, rec: RunRecord, train_rows: list[Any]) -> Path:
@@ -199,8 +225,10 @@ def run_verl(cfg: GrpoRunConfig, rec: RunRecord, train_rows: list[Any]) -> Path:
     notes = {"verl": f"verl job written to {out} (overrides.yaml, command.sh, train/val parquet)."}
     if cfg.engine.verl_launch:
         if importlib.util.find_spec("verl") is None:
-            raise ValueError("engine.name=verl: verl is not installed in this environment; install `phase6[verl]` "
-                             "in its own environment (its vLLM pin differs from TRL's), or set engine.verl_launch=false")
+            raise ValueError(
+                "engine.name=verl: verl is not installed in this environment; install `phase6[verl]` "
+                "in its own environment (its vLLM pin differs from TRL's), or set engine.verl_launch=false"
+            )
         import yaml
 
         proc = subprocess.run(command(yaml.safe_load((out / "overrides.yaml").read_text())), cwd=run_dir)
@@ -231,12 +259,24 @@ def main(cfg: GrpoRunConfig) -> Path:
     funcs, weights, monitor = build_rewards(cfg)
     timer = T.PhaseTimer()
     trainer = EngineGRPOTrainer(
-        model=model_path, reward_funcs=funcs, args=grpo_args(cfg, run_dir, use_cuda, world, weights),
-        train_dataset=Dataset.from_list(train), processing_class=tok, callbacks=[record_callback(rec)],
-        engine_builder=engine_builder(cfg, model_path, use_cuda), staleness=cfg.grpo.staleness,
-        is_correction=cfg.grpo.is_correction, is_clip=cfg.grpo.is_clip, snapshot_device=cfg.engine.snapshot_device,
-        probe_every=cfg.engine.probe_every, monitor=monitor, timer=timer,
+        model=model_path,
+        reward_funcs=funcs,
+        args=grpo_args(cfg, run_dir, use_cuda, world, weights),
+        train_dataset=Dataset.from_list(train),
+        processing_class=tok,
+        callbacks=[record_callback(rec)],
+        engine_builder=engine_builder(cfg, model_path, use_cuda),
+        staleness=cfg.grpo.staleness,
+        is_correction=cfg.grpo.is_correction,
+        is_clip=cfg.grpo.is_clip,
+        snapshot_device=cfg.engine.snapshot_device,
+        probe_every=cfg.engine.probe_every,
+        monitor=monitor,
+        timer=timer,
     )
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # RunRecord prints the logs; Trainer would print them again as dicts
     engine = trainer.engine
     ev = cfg.eval
     before = run_eval(cfg, engine, tok, eval_rows) if ev.enabled and ev.before else None
@@ -277,14 +317,19 @@ def main(cfg: GrpoRunConfig) -> Path:
     speedups = [t["speedup"] for t in tp[1:] or tp if t["speedup"]]
     tokens = trainer.generated_tokens
     row: dict[str, Any] = {
-        "model": cfg.model.name, "engine": f"{cfg.engine.name}" + (
-            f"/{cfg.engine.vllm_mode}" if cfg.engine.name == "vllm" else ""),
-        "staleness": cfg.grpo.staleness, "is_correction": cfg.grpo.is_correction, "steps": len(trainer.step_rows),
-        "reward_first": logs[0].get("reward") if logs else None, "reward_last": last_log.get("reward"),
-        "loss_last": last_log.get("loss"), "kl_last": last_log.get("kl"),
+        "model": cfg.model.name,
+        "engine": f"{cfg.engine.name}" + (f"/{cfg.engine.vllm_mode}" if cfg.engine.name == "vllm" else ""),
+        "staleness": cfg.grpo.staleness,
+        "is_correction": cfg.grpo.is_correction,
+        "steps": len(trainer.step_rows),
+        "reward_first": logs[0].get("reward") if logs else None,
+        "reward_last": last_log.get("reward"),
+        "loss_last": last_log.get("loss"),
+        "kl_last": last_log.get("kl"),
         "clip_frac_mean": sum(h.get("clip_ratio/region_mean", 0.0) for h in logs) / max(1, len(logs)),
         "step_s_mean": breakdown[-1]["mean_s_per_step"] if breakdown else None,
-        "rollout_pct": share.get(T.ROLLOUT), "weight_sync_pct": share.get(T.WEIGHT_SYNC),
+        "rollout_pct": share.get(T.ROLLOUT),
+        "weight_sync_pct": share.get(T.WEIGHT_SYNC),
         "engine_vs_hf_generate": sum(speedups) / len(speedups) if speedups else None,
     }
     if after is not None:
@@ -298,12 +343,17 @@ def main(cfg: GrpoRunConfig) -> Path:
     sync_summary = []
     if syncs:
         use = syncs[1:] or syncs
-        sync_summary.append({
-            "mechanism": syncs[0]["mechanism"], "syncs": len(syncs), "tensors": syncs[0]["num_tensors"],
-            "gib_per_sync": use[0]["bytes"] / 2**30, "ms_mean": sum(s["ms"] for s in use) / len(use),
-            "snapshot_gib": max(s["snapshot_bytes"] for s in syncs) / 2**30,
-            "share_of_step_pct": share.get(T.WEIGHT_SYNC),
-        })
+        sync_summary.append(
+            {
+                "mechanism": syncs[0]["mechanism"],
+                "syncs": len(syncs),
+                "tensors": syncs[0]["num_tensors"],
+                "gib_per_sync": use[0]["bytes"] / 2**30,
+                "ms_mean": sum(s["ms"] for s in use) / len(use),
+                "snapshot_gib": max(s["snapshot_bytes"] for s in syncs) / 2**30,
+                "share_of_step_pct": share.get(T.WEIGHT_SYNC),
+            }
+        )
     tables = {
         "Step-time breakdown (mean per step; step 1 excluded as warm-up; plots/step_breakdown.png)": breakdown,
         "Rollout throughput: engine vs plain HF generate, same prompts and sampling, same run": tp,
@@ -312,16 +362,32 @@ def main(cfg: GrpoRunConfig) -> Path:
         "Reward-hacking indicators, first vs last rollout batch (plots/lengths_before_after.png)": monitor.summary(),
         "Policy version of each rollout batch (versions.jsonl)": trainer.version_log[:20],
         "GPU utilization (NVML)": [gpu],
-        "Hyperparameters": [{"setting": k, "value": getattr(cfg.grpo, k), "why": cfg.grpo.justify.get(k, "")}
-                            for k in ("num_prompts", "num_generations", "learning_rate", "beta", "loss_type",
-                                      "max_completion_length", "temperature", "staleness", "is_correction", "is_clip")],
+        "Hyperparameters": [
+            {"setting": k, "value": getattr(cfg.grpo, k), "why": cfg.grpo.justify.get(k, "")}
+            for k in (
+                "num_prompts",
+                "num_generations",
+                "learning_rate",
+                "beta",
+                "loss_type",
+                "max_completion_length",
+                "temperature",
+                "staleness",
+                "is_correction",
+                "is_clip",
+            )
+        ],
     }
     notes = {
         "How to read the breakdown": "A step is the wall-clock between optimizer-step ends; each second is charged to "
         "the innermost named phase (CUDA-synchronized boundaries) and `other` is the remainder, so the phases add up "
         "to the step. " + "; ".join(f"{k}: {v}" for k, v in T.PHASE_HELP.items()),
         "Staleness": f"Rollouts of step s come from policy version max(0, s - {cfg.grpo.staleness}); PPO anchor = "
-        + ("behaviour log-probs (clip engages as the lag grows)" if cfg.grpo.is_correction == "none" else
-           f"current policy with truncated IS weights min(pi/mu, {cfg.grpo.is_clip})") + ".",
+        + (
+            "behaviour log-probs (clip engages as the lag grows)"
+            if cfg.grpo.is_correction == "none"
+            else f"current policy with truncated IS weights min(pi/mu, {cfg.grpo.is_clip})"
+        )
+        + ".",
     }
     return rec.finish([row], cost=run_cost(cfg.hardware, world, train_s, tokens), tables=tables, notes=notes)

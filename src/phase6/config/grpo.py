@@ -14,6 +14,7 @@ from typing import Any
 from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
 
 TASKS = ("gsm8k", "digits")
+FORMAT_REWARDS = ("none", "additive", "gated")
 ENGINES = ("vllm", "hf", "verl")
 VLLM_MODES = ("colocate", "server")
 DTYPES = ("bf16", "fp32", "auto")
@@ -23,10 +24,31 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vesp
 IS_CORRECTIONS = ("none", "tis")
 # GRPOConfig fields this schema owns; setting them in grpo.trl would silently fight the typed field.
 OWNED_TRL_KEYS = (
-    "beta", "loss_type", "learning_rate", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "epsilon", "use_vllm",
-    "steps_per_generation", "num_iterations", "generation_batch_size", "gradient_checkpointing", "bf16", "seed",
-    "output_dir", "report_to", "logging_steps", "use_cpu", "reward_weights", "save_strategy",
+    "beta",
+    "loss_type",
+    "learning_rate",
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "max_completion_length",
+    "temperature",
+    "top_p",
+    "top_k",
+    "epsilon",
+    "use_vllm",
+    "steps_per_generation",
+    "num_iterations",
+    "generation_batch_size",
+    "gradient_checkpointing",
+    "bf16",
+    "seed",
+    "output_dir",
+    "report_to",
+    "logging_steps",
+    "use_cpu",
+    "reward_weights",
+    "save_strategy",
 )
 
 
@@ -56,8 +78,11 @@ class GrpoModelConfig:
     def __post_init__(self) -> None:
         require(bool(self.name_or_path), "model.name_or_path", "must be a hub id, a local directory or 'tiny'")
         require(self.dtype in DTYPES, "model.dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
-        require(self.attn_implementation in ATTN, "model.attn_implementation",
-                f"must be one of {list(ATTN)}, got {self.attn_implementation!r}")
+        require(
+            self.attn_implementation in ATTN,
+            "model.attn_implementation",
+            f"must be one of {list(ATTN)}, got {self.attn_implementation!r}",
+        )
         for k in ("tiny_hidden_size", "tiny_layers", "tiny_vocab_size"):
             require(getattr(self, k) > 0, f"model.{k}", f"must be > 0, got {getattr(self, k)}")
 
@@ -80,8 +105,8 @@ class GrpoDataConfig:
     """Split pass@1 / pass@k are measured on (GSM8K test: 1,319 questions)."""
     num_train: int | None = None
     """Use only the first N training rows (None = all)."""
-    format_reward: bool = False
-    """Add the format reward ('#### N' present); off by default because it can be farmed (see the monitor)."""
+    format_reward: str = "none"
+    """none | additive ('#### N' present, whatever N: farmable, see the monitor) | gated (paid only with a correct N)."""
     format_reward_weight: float = 0.1
     """Weight of the format reward next to correctness (weight 1)."""
 
@@ -89,8 +114,16 @@ class GrpoDataConfig:
         require(self.task in TASKS, "data.task", f"must be one of {list(TASKS)}, got {self.task!r}")
         require(bool(self.path), "data.path", "must be a hub id, a local path or 'synthetic'")
         require(self.num_train is None or self.num_train > 0, "data.num_train", f"must be > 0, got {self.num_train}")
-        require(self.format_reward_weight >= 0, "data.format_reward_weight",
-                f"must be >= 0, got {self.format_reward_weight}")
+        require(
+            self.format_reward in FORMAT_REWARDS,
+            "data.format_reward",
+            f"must be one of {list(FORMAT_REWARDS)}, got {self.format_reward!r}",
+        )
+        require(
+            self.format_reward_weight >= 0,
+            "data.format_reward_weight",
+            f"must be >= 0, got {self.format_reward_weight}",
+        )
 
 
 @dataclass
@@ -122,10 +155,16 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         require(self.name in ENGINES, "engine.name", f"must be one of {list(ENGINES)}, got {self.name!r}")
-        require(self.vllm_mode in VLLM_MODES, "engine.vllm_mode",
-                f"must be one of {list(VLLM_MODES)}, got {self.vllm_mode!r}")
-        require(self.snapshot_device in ("cpu", "cuda"), "engine.snapshot_device",
-                f"must be cpu or cuda, got {self.snapshot_device!r}")
+        require(
+            self.vllm_mode in VLLM_MODES,
+            "engine.vllm_mode",
+            f"must be one of {list(VLLM_MODES)}, got {self.vllm_mode!r}",
+        )
+        require(
+            self.snapshot_device in ("cpu", "cuda"),
+            "engine.snapshot_device",
+            f"must be cpu or cuda, got {self.snapshot_device!r}",
+        )
         for k in ("hf_pad_to_multiple", "hf_score_batch_size"):
             require(getattr(self, k) >= 1, f"engine.{k}", f"must be >= 1, got {getattr(self, k)}")
         require(self.probe_every >= 0, "engine.probe_every", f"must be >= 0, got {self.probe_every}")
@@ -182,21 +221,33 @@ class GrpoTrainConfig:
         for k in ("num_prompts", "micro_batch_size", "max_steps", "max_completion_length", "logging_steps"):
             require(getattr(self, k) >= 1, f"grpo.{k}", f"must be >= 1, got {getattr(self, k)}")
         require(self.num_generations >= 2, "grpo.num_generations", f"must be >= 2, got {self.num_generations}")
-        require(self.samples_per_step % self.micro_batch_size == 0, "grpo.micro_batch_size",
-                f"must divide num_prompts x num_generations = {self.samples_per_step}, got {self.micro_batch_size}")
+        require(
+            self.samples_per_step % self.micro_batch_size == 0,
+            "grpo.micro_batch_size",
+            f"must divide num_prompts x num_generations = {self.samples_per_step}, got {self.micro_batch_size}",
+        )
         require(self.learning_rate > 0, "grpo.learning_rate", f"must be > 0, got {self.learning_rate}")
         require(0 <= self.warmup_ratio < 1, "grpo.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         require(self.beta >= 0, "grpo.beta", f"must be >= 0, got {self.beta}")
-        require(self.loss_type in LOSS_TYPES, "grpo.loss_type", f"must be one of {list(LOSS_TYPES)}, got {self.loss_type!r}")
+        require(
+            self.loss_type in LOSS_TYPES, "grpo.loss_type", f"must be one of {list(LOSS_TYPES)}, got {self.loss_type!r}"
+        )
         require(self.epsilon > 0, "grpo.epsilon", f"must be > 0, got {self.epsilon}")
         require(self.temperature > 0, "grpo.temperature", f"must be > 0 (GRPO samples), got {self.temperature}")
         require(0 < self.top_p <= 1, "grpo.top_p", f"must be in (0, 1], got {self.top_p}")
         require(self.staleness >= 0, "grpo.staleness", f"must be >= 0, got {self.staleness}")
-        require(self.is_correction in IS_CORRECTIONS, "grpo.is_correction",
-                f"must be one of {list(IS_CORRECTIONS)}, got {self.is_correction!r}")
+        require(
+            self.is_correction in IS_CORRECTIONS,
+            "grpo.is_correction",
+            f"must be one of {list(IS_CORRECTIONS)}, got {self.is_correction!r}",
+        )
         require(self.is_clip >= 1, "grpo.is_clip", f"must be >= 1, got {self.is_clip}")
         for key in self.trl:
-            require(key not in OWNED_TRL_KEYS, f"grpo.trl.{key}", "is a typed field of the grpo group (or set elsewhere by phase6); not settable through grpo.trl")
+            require(
+                key not in OWNED_TRL_KEYS,
+                f"grpo.trl.{key}",
+                "is a typed field of the grpo group (or set elsewhere by phase6); not settable through grpo.trl",
+            )
 
     @property
     def samples_per_step(self) -> int:
@@ -206,8 +257,10 @@ class GrpoTrainConfig:
         """Micro-batches per optimizer step on each rank."""
         per_rank, rem = divmod(self.samples_per_step, world_size * self.micro_batch_size)
         if rem or per_rank < 1:
-            raise ValueError(f"grpo.micro_batch_size: {self.samples_per_step} samples per step do not split into "
-                             f"{world_size} ranks x micro-batches of {self.micro_batch_size}")
+            raise ValueError(
+                f"grpo.micro_batch_size: {self.samples_per_step} samples per step do not split into "
+                f"{world_size} ranks x micro-batches of {self.micro_batch_size}"
+            )
         return per_rank
 
 
@@ -231,8 +284,11 @@ class GrpoEvalConfig:
     """Questions per engine call."""
 
     def __post_init__(self) -> None:
-        require(self.num_questions is None or self.num_questions >= 1, "eval.num_questions",
-                f"must be >= 1, got {self.num_questions}")
+        require(
+            self.num_questions is None or self.num_questions >= 1,
+            "eval.num_questions",
+            f"must be >= 1, got {self.num_questions}",
+        )
         require(self.k >= 1, "eval.k", f"must be >= 1, got {self.k}")
         require(self.temperature > 0, "eval.temperature", f"must be > 0, got {self.temperature}")
         for k in ("max_new_tokens", "batch_prompts"):
@@ -251,10 +307,16 @@ class MonitorConfig:
     """Sampling period (0.05 s = 20 Hz; >= 10 Hz required)."""
 
     def __post_init__(self) -> None:
-        require(self.min_reasoning_words >= 0, "monitor.min_reasoning_words",
-                f"must be >= 0, got {self.min_reasoning_words}")
-        require(0 < self.nvml_interval_s <= 0.1, "monitor.nvml_interval_s",
-                f"must be in (0, 0.1] (>= 10 Hz), got {self.nvml_interval_s}")
+        require(
+            self.min_reasoning_words >= 0,
+            "monitor.min_reasoning_words",
+            f"must be >= 0, got {self.min_reasoning_words}",
+        )
+        require(
+            0 < self.nvml_interval_s <= 0.1,
+            "monitor.nvml_interval_s",
+            f"must be in (0, 0.1] (>= 10 Hz), got {self.nvml_interval_s}",
+        )
 
 
 @dataclass
@@ -273,10 +335,19 @@ class GrpoRunConfig:
 
     def __post_init__(self) -> None:
         if self.engine.name == "verl":
-            require(self.grpo.staleness == 0, "grpo.staleness",
-                    "engine=verl runs verl's synchronous hybrid engine (lag 0); staleness needs engine=vllm or hf")
+            require(
+                self.grpo.staleness == 0,
+                "grpo.staleness",
+                "engine=verl runs verl's synchronous hybrid engine (lag 0); staleness needs engine=vllm or hf",
+            )
         if self.grpo.staleness > 0 and self.engine.name == "vllm":
-            require(not self.engine.vllm.get("enable_sleep_mode", False), "engine.vllm.enable_sleep_mode",
-                    "must be off with grpo.staleness > 0 (waking vLLM re-pushes the live weights)")
-        require(self.data.task != "digits" or not self.data.format_reward, "data.format_reward",
-                "the digits task has no format reward")
+            require(
+                not self.engine.vllm.get("enable_sleep_mode", False),
+                "engine.vllm.enable_sleep_mode",
+                "must be off with grpo.staleness > 0 (waking vLLM re-pushes the live weights)",
+            )
+        require(
+            self.data.task != "digits" or self.data.format_reward == "none",
+            "data.format_reward",
+            "the digits task has no format reward",
+        )

@@ -20,7 +20,12 @@ from typing import Any
 from phase6.config.grpo import GrpoRunConfig
 
 # TRL loss_type -> verl actor.loss_agg_mode (verl:examples/grpo_trainer/README.md)
-LOSS_AGG = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
+LOSS_AGG = {
+    "dapo": "token-mean",
+    "bnpo": "token-mean",
+    "grpo": "seq-mean-token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+}
 MAX_PROMPT_LENGTH = 512
 """verl's GSM8K example value; GSM8K questions + instruction are < 300 Qwen tokens."""
 
@@ -125,7 +130,9 @@ def command(overrides: dict[str, Any]) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", *args]
 
 
-def write_verl_job(cfg: GrpoRunConfig, train_rows: list[Any], val_rows: list[Any], run_dir: Path, num_gpus: int) -> Path:
+def write_verl_job(
+    cfg: GrpoRunConfig, train_rows: list[Any], val_rows: list[Any], run_dir: Path, num_gpus: int
+) -> Path:
     """Write data, overrides.yaml and command.sh under ``<run_dir>/verl``; returns that directory."""
     import yaml
     from datasets import Dataset

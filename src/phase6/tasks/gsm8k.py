@@ -180,6 +180,14 @@ def format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     return [float(has_answer_format(completion_text(c))) for c in completions]
 
 
+def gated_format_reward(completions: list[Any], solution: list[str], **kwargs: Any) -> list[float]:
+    """TRL reward function (the defense against format farming): the format bonus is paid only with a correct answer."""
+    return [
+        float(has_answer_format(t) and score(t, s) == 1.0)
+        for t, s in ((completion_text(c), s) for c, s in zip(completions, solution, strict=True))
+    ]
+
+
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
     """Unbiased pass@k from n samples with c correct (Chen et al. 2021, eq. 1): 1 - C(n-c, k) / C(n, k)."""
     if not 1 <= k <= num_samples or not 0 <= num_correct <= num_samples:
@@ -201,7 +209,7 @@ class Gsm8kRow:
 
     def to_trl(self) -> dict[str, Any]:
         """The row as TRL's GRPOTrainer reads it: conversational ``prompt`` plus columns passed to the rewards."""
-        return {"prompt": build_prompt(self.question), "solution": self.solution, "question": self.question}
+        return {"prompt": build_prompt(self.question), "solution": self.solution, "answer": self.answer}
 
 
 def _validate(raw: Any, where: str) -> Gsm8kRow:
