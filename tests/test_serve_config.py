@@ -51,6 +51,9 @@ def test_tp_option_maps_to_the_override(monkeypatch: pytest.MonkeyPatch) -> None
     result = CliRunner().invoke(cli.app, ["serve-bench", "--tp", "4", "load.concurrency=16"])
     assert result.exit_code == 0, result.output
     assert seen == [("serve_bench", ["load.concurrency=16", "serve.tp=4"], False)]
+    result = CliRunner().invoke(cli.app, ["serve-bench", "--endpoint", "http://127.0.0.1:8000", "-m", "serve.tp=2,4"])
+    assert result.exit_code == 0, result.output
+    assert seen[1] == ("serve_bench", ["serve.tp=2,4", "serve.endpoint=http://127.0.0.1:8000"], True)
 
 
 def test_smoke_and_table_presets_compose() -> None:

@@ -97,9 +97,12 @@ def fleet(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
 
 @app.command("serve-bench", context_settings=OVERRIDES)
 def serve_bench(ctx: typer.Context, multirun: bool = MULTIRUN,
-                tp: int = typer.Option(None, "--tp", help="Tensor parallelism (same as serve.tp=N).")) -> None:
+                tp: int = typer.Option(None, "--tp", help="Tensor parallelism (same as serve.tp=N)."),
+                endpoint: str = typer.Option(None, "--endpoint", help="Benchmark this running server (serve.endpoint=URL).")
+                ) -> None:
     """6B: launch vLLM/SGLang/transformers serve at TP=N, drive a seeded load, write one scaling-table row."""
-    run("serve_bench", ctx.args + ([f"serve.tp={tp}"] if tp is not None else []), multirun)
+    extra = ([f"serve.tp={tp}"] if tp is not None else []) + ([f"serve.endpoint={endpoint}"] if endpoint else [])
+    run("serve_bench", ctx.args + extra, multirun)
 
 
 @app.command("fleet-bench", context_settings=OVERRIDES)
