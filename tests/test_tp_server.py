@@ -76,8 +76,9 @@ def greedy_reference(model: torch.nn.Module, prompt: list[int], n: int) -> list[
 # In process
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_continuous_batching_matches_greedy_reference(tmp_path: Path, arch: str) -> None:
+@pytest.mark.parametrize("arch,static", [("llama", False), ("qwen2", False), ("llama", True)])
+def test_continuous_batching_matches_greedy_reference(tmp_path: Path, arch: str, static: bool) -> None:
+    """static: decode padded to (batch, KV length) buckets from fixed buffers, as the CUDA graphs run it."""
     torch.manual_seed(0)
     if arch == "llama":
         model = LlamaForCausalLM(tiny_llama_config(vocab=512))
@@ -92,13 +93,15 @@ def test_continuous_batching_matches_greedy_reference(tmp_path: Path, arch: str)
                 num_key_value_heads=2,
             )
         )
-    model.config._attn_implementation = "sdpa"
     model.eval()
+    tp_server.apply_gqa_sdpa(model)
     model.config.save_pretrained(tmp_path)
-    # 3 KV rows for 6 requests: requests wait, join mid-flight and finish at different steps (rows are compacted);
+    # 5 KV rows for 8 requests: requests wait, join mid-flight and finish at different steps (rows are compacted);
     # the prefill budget splits admissions into several batches of different padded widths.
-    args = ServerArgs(model=str(tmp_path), max_batch=3, max_model_len=64, max_prefill_tokens=40)
-    sched = Scheduler(Engine(model, args, torch.device("cpu"), 0, 1, None), args, eos_ids=set(), sample_vocab=512)
+    args = ServerArgs(model=str(tmp_path), max_batch=5, max_model_len=256, max_prefill_tokens=160)
+    engine = Engine(model, args, torch.device("cpu"), 0, 1, None, static_decode=static)
+    assert engine.batch_buckets == [1, 2, 4, 5] and engine.kv_buckets == [128, 256]  # 3 rows pad to 4
+    sched = Scheduler(engine, args, eos_ids=set(), sample_vocab=512)
     got: dict[str, list[int]] = {}
 
     def sink(events: list[tuple[Request, int | None, str | None]]) -> None:
@@ -106,8 +109,8 @@ def test_continuous_batching_matches_greedy_reference(tmp_path: Path, arch: str)
             got.setdefault(r.rid, []).append(tok)  # type: ignore[arg-type]
 
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 3, 12)]
-    max_tokens = [7, 12, 4, 9, 15, 6]
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 3, 12, 140, 8)]
+    max_tokens = [7, 12, 4, 9, 15, 6, 5, 20]  # the 140-token prompt crosses the 128 KV bucket
     for i, (p, k) in enumerate(zip(prompts, max_tokens, strict=True)):
         sched.submit(Request(str(i), GenParams(p, k, temperature=0.0, ignore_eos=True), sink))
     with torch.inference_mode():
@@ -115,9 +118,49 @@ def test_continuous_batching_matches_greedy_reference(tmp_path: Path, arch: str)
             if not (sched.active or sched.waiting or not sched.inbox.empty()):
                 break
             sched.step()
-    assert sched.counters["success"] == 6 and not sched.active
+    assert sched.counters["success"] == len(prompts) and not sched.active
     for i, (p, k) in enumerate(zip(prompts, max_tokens, strict=True)):
         assert got[str(i)] == greedy_reference(model, p, k), f"request {i}"
+
+
+@pytest.mark.parametrize("t", [1, 6])
+def test_gqa_sdpa_matches_hf_sdpa_with_repeated_kv(t: int) -> None:
+    """Packing 5 query heads per KV head (Qwen2.5-14B's ratio) = HF's repeat_kv path, with a ragged bool mask."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    b, hkv, group, length, d = 3, 2, 5, 11, 16
+    q = torch.randn(b, hkv * group, t, d, generator=g)
+    k, v = torch.randn(b, hkv, length, d, generator=g), torch.randn(b, hkv, length, d, generator=g)
+    lens = torch.tensor([11, 7, 6])
+    keys, qpos = torch.arange(length), lens[:, None] - t + torch.arange(t)  # query t sits at its row's end
+    mask = (keys[None, None, :] <= qpos[:, :, None])[:, None]  # (B, 1, T, L)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = group, True  # what sdpa_attention_forward reads
+    ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=d**-0.5)
+    out, _ = tp_server.gqa_sdpa_attention(module, q, k, v, mask, scaling=d**-0.5)
+    assert out.shape == ref.shape == (b, t, hkv * group, d)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_static_decode_pads_to_a_bucket_and_matches_eager(tmp_path: Path) -> None:
+    """3 rows padded to the 4-row bucket, KV bucket 256: the logits of the unpadded eager decode (fp32, 1e-5)."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_llama_config(vocab=512)).eval()
+    tp_server.apply_gqa_sdpa(model)
+    model.config.save_pretrained(tmp_path)
+    args = ServerArgs(model=str(tmp_path), max_batch=5, max_model_len=256)
+    engine = Engine(model, args, torch.device("cpu"), 0, 1, None, static_decode=True)
+    prompts = [list(range(1, 6)), list(range(20, 29)), [(7 * j) % 512 for j in range(130)]]
+    with torch.inference_mode():
+        engine.execute(StepPlan(prefill_prompts=prompts))  # rows 0..2
+        calls: list[tuple[int, int]] = []
+        bucketed = engine._decode_bucketed
+        engine._decode_bucketed = lambda b, k: calls.append((b, k)) or bucketed(b, k)  # type: ignore[method-assign]
+        static = engine._decode_static([11, 12, 13], [5, 9, 130])
+        eager = engine._decode_eager([11, 12, 13], [5, 9, 130])
+    assert calls == [(4, 256)] and static.shape == eager.shape == (3, 512)
+    torch.testing.assert_close(static, eager, atol=1e-5, rtol=1e-5)
 
 
 class ThreadCollectives:
@@ -225,6 +268,7 @@ def test_server_args_name_the_bad_flag(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="bad.json: key 'model_type' missing"):
         tp_server.load_config(str(bad))
     assert tp_server.main(["--model", cfg, "--host", "0.0.0.0", "--dummy-weights"]) == 2
+    assert tp_server.main(["--model", cfg, "--dummy-weights", "--device", "cpu", "--cuda-graphs"]) == 2
 
 
 @pytest.mark.parametrize("tp", [1, 4])

@@ -29,7 +29,10 @@ positions per layer; active requests occupy rows [0, n) (a finished request's ro
 row's KV into it). Every iteration rank 0 decides one step: the row moves, one decode token for every running
 request, and a prefill of newly admitted requests (FCFS, at most ``--max-prefill-tokens`` padded tokens; new rows
 get their first token from the prefill). The HF model runs with explicit ``position_ids``, a 4-D boolean mask and
-the slot cache as ``past_key_values`` (its attention layers only call ``cache.update``).
+the slot cache as ``past_key_values`` (its attention layers only call ``cache.update``); masked attention packs the
+query heads of each KV head into one SDPA call (``gqa_sdpa_attention``) instead of HF's per-head K/V copies.
+``--cuda-graphs``: decode steps are padded to (batch, KV length) buckets and replayed as CUDA graphs captured at
+start on every rank (collectives included), after a check against eager decoding; prefill stays eager.
 
 Lockstep: rank 0 broadcasts each step (a small int64 header + payload on a gloo group, off the GPU stream) before
 any rank computes; all ranks then run identical forwards with identical collectives. Only rank 0 samples
@@ -102,6 +105,7 @@ class ServerArgs:
     seed: int = 0
     served_model_name: str | None = None
     device: str = "auto"
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, msg: str) -> None:
@@ -162,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="dummy-weight init and default sampling seed")
     p.add_argument("--served-model-name", default=None, help="model id at /v1/models (default: --model)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="decode steps as CUDA graphs per (batch, KV length) bucket, checked against eager at start",
+    )
     return p
 
 
@@ -207,7 +216,49 @@ def build_model(args: ServerArgs, device: torch.device, dtype: torch.dtype) -> n
         model = AutoModelForCausalLM.from_pretrained(
             args.model, dtype=dtype, attn_implementation="sdpa", device_map={"": device}, trust_remote_code=False
         )
+    apply_gqa_sdpa(model)
     return model.eval().requires_grad_(False)
+
+
+def apply_gqa_sdpa(model: nn.Module) -> None:
+    """Masked attention through ``gqa_sdpa_attention`` (registered with transformers' AttentionInterface)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(GQA_SDPA, gqa_sdpa_attention)
+    model.config._attn_implementation = GQA_SDPA  # read by every attention layer at call time
+
+
+GQA_SDPA = "phase6_gqa_sdpa"
+
+
+def gqa_sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """SDPA with the query heads of one KV head packed into the query length, so K/V are read once.
+
+    transformers 5.17 (the GPU image) repeats K/V to every query head whenever a mask is given (``repeat_kv``),
+    i.e. rewrites the whole cache (Hq/Hkv = 5x for Qwen2.5-14B) in every layer of every step. Query (B, Hq, T, D)
+    -> (B, Hkv, g*T, D) with g = Hq/Hkv (head h belongs to KV head h // g, as in repeat_kv); mask (B, 1, T, L) ->
+    (B, 1, g*T, L). Without a mask (plain causal forward) this is HF's own SDPA path.
+    """
+    if attention_mask is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
+    b, hq, t, d = query.shape
+    hkv = key.shape[1]
+    g = hq // hkv
+    q = query.reshape(b, hkv, g * t, d)
+    mask = attention_mask[:, :, None].expand(b, 1, g, t, attention_mask.shape[-1]).reshape(b, 1, g * t, -1)
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, hq, t, d).transpose(1, 2).contiguous(), None  # (B, T, Hq, D) as HF expects
 
 
 def tp_plan(model: nn.Module) -> dict[str, str]:
@@ -401,6 +452,8 @@ class Engine:
         rank: int,
         world: int,
         ctrl_group: dist.ProcessGroup | None,
+        static_decode: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         cfg = model.config
         self.model, self.device, self.rank, self.world, self.ctrl = model, device, rank, world, ctrl_group
@@ -414,6 +467,19 @@ class Engine:
             cfg.num_hidden_layers, args.max_batch, kv_heads // world, args.max_model_len, head_dim, dtype, device
         )
         self.vocab_size = cfg.vocab_size
+        # Static decode: every decode step is padded to a (batch, KV length) bucket and reads its inputs from fixed
+        # buffers, so the step can be one CUDA graph per bucket (cuda_graphs) -- or run eagerly (CPU tests).
+        self.static_decode = static_decode or cuda_graphs
+        self.cuda_graphs = cuda_graphs
+        mb, ml = args.max_batch, args.max_model_len
+        self.batch_buckets = sorted({min(mb, 1 << i) for i in range(mb.bit_length() + 1)})
+        # KV lengths: 128, 256, 512, then every 512 (a step attends to at most 1.5x its longest row beyond 1024)
+        self.kv_buckets = sorted({min(ml, 128 << i) for i in range(3)} | set(range(1024, ml, 512)) | {ml})
+        self.g_ids = torch.zeros(mb, 1, dtype=torch.long, device=device)
+        self.g_pos = torch.zeros(mb, 1, dtype=torch.long, device=device)
+        self.g_mask = torch.zeros(mb, 1, 1, ml, dtype=torch.bool, device=device)
+        self.g_keys = torch.arange(ml, device=device)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     # -- control plane: rank 0 -> all ------------------------------------------------------------------------
 
@@ -459,15 +525,11 @@ class Engine:
         dev = self.device
         for src, dst, length in plan.moves:
             self.cache.move(src, dst, length)
-        hidden: list[torch.Tensor] = []
+        logits: list[torch.Tensor] = []
         n_dec = len(plan.decode_tokens)
         if n_dec:
-            ids = torch.tensor(plan.decode_tokens, dtype=torch.long, device=dev).view(n_dec, 1)
-            pos = torch.tensor(plan.decode_positions, dtype=torch.long, device=dev).view(n_dec, 1)
-            kv_len = max(plan.decode_positions) + 1
-            keys = torch.arange(kv_len, device=dev)
-            mask = (keys[None, :] <= pos).view(n_dec, 1, 1, kv_len)  # row i sees its own positions 0..pos_i
-            hidden.append(self._forward(ids, pos, mask, 0, kv_len)[:, -1])
+            decode = self._decode_static if self.static_decode else self._decode_eager
+            logits.append(decode(plan.decode_tokens, plan.decode_positions))
         if plan.prefill_prompts:
             n = len(plan.prefill_prompts)
             lens = torch.tensor([len(p) for p in plan.prefill_prompts], dtype=torch.long, device=dev)
@@ -481,11 +543,85 @@ class Engine:
             causal = q[None, :] <= q[:, None]  # (T_q, T_k)
             mask = (causal[None] & (q[None, None, :] < lens[:, None, None])).view(n, 1, width, width)
             h = self._forward(ids, pos, mask, n_dec, width)
-            hidden.append(h[torch.arange(n, device=dev), lens - 1])
-        if not hidden:
+            logits.append(self.lm_head(h[torch.arange(n, device=dev), lens - 1]))  # gathered by the TP hook
+        if not logits:
             return None
-        logits = self.lm_head(torch.cat(hidden))  # (rows, vocab), gathered across ranks by the TP hook
-        return logits.float()
+        return torch.cat(logits).float()  # (rows, vocab)
+
+    def _decode_eager(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        n, dev = len(tokens), self.device
+        ids = torch.tensor(tokens, dtype=torch.long, device=dev).view(n, 1)
+        pos = torch.tensor(positions, dtype=torch.long, device=dev).view(n, 1)
+        kv_len = max(positions) + 1
+        mask = (torch.arange(kv_len, device=dev)[None, :] <= pos).view(n, 1, 1, kv_len)  # row i sees 0..pos_i
+        return self.lm_head(self._forward(ids, pos, mask, 0, kv_len)[:, -1])
+
+    def _decode_bucketed(self, batch: int, kv_len: int) -> torch.Tensor:
+        """Rows [0, batch) decode from the static buffers, attending to [0, kv_len): what one graph captures."""
+        pos = self.g_pos[:batch]
+        h = self._forward(self.g_ids[:batch], pos, self.g_mask[:batch, :, :, :kv_len], 0, kv_len)
+        return self.lm_head(h[:, -1])
+
+    def _decode_static(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Decode padded to the smallest bucket: padding rows decode token 0 at position 0 of KV rows that hold no
+        request (active requests are rows [0, n); a new request's prefill, later in the step, rewrites from 0)."""
+        n = len(tokens)
+        batch = next(b for b in self.batch_buckets if b >= n)
+        kv_len = next(k for k in self.kv_buckets if k > max(positions))
+        pad = [0] * (batch - n)
+        self.g_ids[:batch, 0].copy_(torch.tensor(tokens + pad, dtype=torch.long))
+        self.g_pos[:batch, 0].copy_(torch.tensor(positions + pad, dtype=torch.long))
+        self.g_mask[:batch, 0, 0, :kv_len] = self.g_keys[:kv_len][None, :] <= self.g_pos[:batch]
+        if self.cuda_graphs:
+            graph, out = self.graphs[(batch, kv_len)]
+            graph.replay()
+            return out[:n]
+        return self._decode_bucketed(batch, kv_len)[:n]
+
+    def capture_graphs(self) -> float:
+        """One CUDA graph per (batch, KV length) bucket, captured in the same order on every rank (the graphs hold
+        the TP collectives, so every rank must replay the same graph each step); returns the seconds it took."""
+        assert self.cuda_graphs and self.device.type == "cuda"
+        t0 = time.perf_counter()
+        self.g_mask.zero_()
+        self.g_mask[:, :, :, 0] = True  # capture inputs: row i decodes at position 0 (no all-masked rows)
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        for batch in reversed(self.batch_buckets):  # largest first: smaller graphs reuse its pool memory
+            for kv_len in reversed(self.kv_buckets):
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):  # warm-up outside capture (workspaces, lazy inits)
+                    self._decode_bucketed(batch, kv_len)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self._decode_bucketed(batch, kv_len)
+                self.graphs[(batch, kv_len)] = (graph, out)
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def verify_graphs(self) -> dict[str, float]:
+        """Start-up check on every rank: graph replay == the same bucket run eagerly (same kernels, so 1e-3 of
+        the logit scale), and == the unpadded eager decode within bf16 noise (5 %). RuntimeError otherwise:
+        a server that would measure the wrong computation must not start."""
+        prompts = [[(7 * i + 3 * j) % self.vocab_size for j in range(5 + 4 * i)] for i in range(3)]
+        self.execute(StepPlan(prefill_prompts=prompts))  # rows 0..2 (empty before serving; reused later)
+        tokens, positions = [1, 2, 3], [len(p) for p in prompts]
+        eager = self._decode_eager(tokens, positions).float()
+        self.cuda_graphs = False
+        bucket = self._decode_static(tokens, positions).float()
+        self.cuda_graphs = True
+        graph = self._decode_static(tokens, positions).float()
+        scale = float(eager.abs().max())
+        err = {
+            "graph_vs_bucket": float((graph - bucket).abs().max()) / scale,
+            "bucket_vs_eager": float((bucket - eager).abs().max()) / scale,
+        }
+        if not (err["graph_vs_bucket"] <= 1e-3 and err["bucket_vs_eager"] <= 5e-2):
+            raise RuntimeError(
+                f"--cuda-graphs: decode check failed (max error / max |logit|: {err}); run without --cuda-graphs"
+            )
+        return err
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -699,6 +835,8 @@ class Scheduler:
     def run(self) -> None:
         """Engine thread body: step until stopped, then release every rank; failures end all requests."""
         try:
+            if self.engine.device.type == "cuda":
+                torch.cuda.set_device(self.engine.device)  # the current device is per thread
             with torch.inference_mode():
                 while self.step():
                     pass
@@ -1123,6 +1261,8 @@ def run(args: ServerArgs) -> int:
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if use_cuda and not torch.cuda.is_available():
         raise ValueError("--device: cuda requested but torch.cuda.is_available() is False")
+    if args.cuda_graphs and not use_cuda:
+        raise ValueError("--cuda-graphs: needs a CUDA device")
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if use_cuda else torch.float32)
     ctrl: dist.ProcessGroup | None = None
@@ -1140,7 +1280,19 @@ def run(args: ServerArgs) -> int:
     split = apply_tp(model, rank, world)
     if use_cuda:
         torch.cuda.empty_cache()
-    engine = Engine(model, args, device, rank, world, ctrl)
+    engine = Engine(model, args, device, rank, world, ctrl, cuda_graphs=args.cuda_graphs)
+    if args.cuda_graphs:
+        with torch.inference_mode():
+            took = engine.capture_graphs()
+            err = engine.verify_graphs()
+        log.info(
+            "captured %d decode graphs (batch %s x KV length %s) in %.1f s; check vs eager: %s",
+            len(engine.graphs),
+            engine.batch_buckets,
+            engine.kv_buckets,
+            took,
+            err,
+        )
     n_params = sum(p.numel() for p in model.parameters())
     log.info(
         "model %s: %.3fB parameters on this rank (%s, tp=%d, %d modules split), KV cache %.2f GiB "
@@ -1188,11 +1340,10 @@ def run(args: ServerArgs) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = parse_args(argv)
-    except ValueError as e:
+        return run(parse_args(argv))
+    except ValueError as e:  # a user mistake (flags, a config that does not split): one line, exit 2
         print(f"tp_server: error: {e}", file=sys.stderr)
         return 2
-    return run(args)
 
 
 if __name__ == "__main__":
