@@ -365,6 +365,7 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
     perf = time.perf_counter
     warm_results: list[RequestResult] = []
     timeouts = [0]  # consecutive requests that ended in a timeout (reset by any other outcome)
+    streams: dict[int, _Stream] = {}
     stall_n = stall_after or max(8, concurrency or 0)
 
     async def send(r: RequestResult, body: bytes, session: aiohttp.ClientSession, t0: float) -> None:
@@ -408,7 +409,7 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
             r.error = f"{type(e).__name__}: {str(e)[:200]}"
         finally:
             timeouts[0] = timeouts[0] + 1 if r.error.startswith("timeout") else 0
-            _finalize(r, s, tokenizer)
+            streams[r.index] = s  # token accounting after the run: tokenizer calls here would delay other streams
 
     async def one(r: RequestResult, body: bytes, session: aiohttp.ClientSession, t0: float) -> None:
         r.dispatch_s = perf() - t0
@@ -487,6 +488,9 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
                 await asyncio.gather(dog, return_exceptions=True)
     finally:
         gc.unfreeze()
+    for r in results:
+        if r.index in streams:
+            _finalize(r, streams[r.index], tokenizer)
     sent = [r for r in results if r.sent]
     assert all(r.sent for r in results if r.ok) and all(r.dispatched for r in sent)
     first = min((r.dispatch_s for r in sent), default=0.0)
