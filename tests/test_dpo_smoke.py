@@ -22,7 +22,7 @@ def phase6(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 def test_smoke_run_directory(tmp_path: Path) -> None:
     run_dir = tmp_path / "smoke"
-    proc = phase6("dpo", "experiment=smoke", f"run.dir={run_dir}")
+    proc = phase6("dpo", "experiment=smoke", "output.merge=true", f"run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == f"run dir: {run_dir}"
     for f in (
@@ -48,6 +48,21 @@ def test_smoke_run_directory(tmp_path: Path) -> None:
     assert row["steps"] == 16 and row["loss"] == "sigmoid" and row["verdict"] in ("PASS", "FAIL", "INCOMPLETE")
     assert row["probe_margin_end"] > row["probe_margin_start"]
     assert "d_arith_mc_pts" in row
+    # merged export == base + adapter (fp32 tiny model; tolerance 1e-4 on logits)
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.arange(1, 40)[None]
+    merged = AutoModelForCausalLM.from_pretrained(run_dir / "merged").eval()
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(run_dir / "base_model"), run_dir / "adapter"
+    )
+    base_logits = AutoModelForCausalLM.from_pretrained(run_dir / "base_model").eval()(ids).logits
+    with torch.no_grad():
+        a, m = adapted.eval()(ids).logits, merged(ids).logits
+    assert torch.allclose(a, m, atol=1e-4)
+    assert not torch.allclose(a, base_logits, atol=1e-3)  # the adapter did change the model
     md = (run_dir / "results.md").read_text()
     for section in (
         "## Verdict",
