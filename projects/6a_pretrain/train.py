@@ -162,7 +162,10 @@ def load_data(cfg: PretrainRunConfig, info: DistInfo) -> Manifest | None:
     """Prepare the shards if needed (one process only: a 10B-token prep must not run under a collective timeout)."""
     if cfg.prepare_data and info.world_size == 1:
         return ensure_prepared(cfg.data, show_progress=True)
-    return load_manifest(cfg.data.out_dir) if Path(cfg.data.out_dir).is_dir() else None
+    if not Path(cfg.data.out_dir).is_dir():
+        why = "multi-process runs never prepare data" if info.world_size > 1 else "prepare_data=false"
+        raise ValueError(f"data.out_dir: {cfg.data.out_dir} does not exist ({why}); run `phase6 prepare-data` first")
+    return load_manifest(cfg.data.out_dir)  # None for llm.c / modded-nanogpt shards, which carry no manifest
 
 
 # ----------------------------------------------------------------------------------------------------------------

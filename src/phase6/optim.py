@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from phase6.config.pretrain import OptimConfig
+from phase6.config.pretrain import OptimConfig, check_schedule
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -74,11 +74,5 @@ def lr_factor(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR over lr_factor; its state_dict (last_epoch) goes into checkpoints for exact resume."""
-    if cfg.schedule == "warmdown" and cfg.warmup_steps + cfg.warmdown_steps > max_steps:
-        raise ValueError(
-            f"optim.warmup_steps + optim.warmdown_steps ({cfg.warmup_steps} + {cfg.warmdown_steps}) "
-            f"exceeds train.max_steps ({max_steps})"
-        )
-    if cfg.warmup_steps > max_steps:
-        raise ValueError(f"optim.warmup_steps ({cfg.warmup_steps}) exceeds train.max_steps ({max_steps})")
+    check_schedule(cfg, max_steps)
     return torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg, max_steps))

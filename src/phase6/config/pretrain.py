@@ -123,6 +123,20 @@ class OptimConfig:
         )
 
 
+def check_schedule(optim: OptimConfig, max_steps: int) -> None:
+    """The LR schedule must fit in the run: warmup (+ warmdown) <= train.max_steps."""
+    require(
+        optim.warmup_steps <= max_steps,
+        "optim.warmup_steps",
+        f"({optim.warmup_steps}) exceeds train.max_steps ({max_steps})",
+    )
+    require(
+        optim.warmup_steps + optim.warmdown_steps <= max_steps,
+        "optim.warmdown_steps",
+        f"warmup + warmdown ({optim.warmup_steps} + {optim.warmdown_steps}) exceeds train.max_steps ({max_steps})",
+    )
+
+
 @dataclass
 class ParallelConfig:
     """How the model is spread over GPUs and compiled (applied by phase6.parallel in one fixed order)."""
@@ -262,6 +276,7 @@ class PretrainRunConfig:
 
     def __post_init__(self) -> None:
         require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
+        check_schedule(self.optim, self.train.max_steps)
         if self.train.seq_len is None:
             self.train.seq_len = self.model.block_size
         require(
