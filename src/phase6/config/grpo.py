@@ -146,8 +146,9 @@ class EngineConfig:
     """HF engine: rows per scoring forward for behaviour log-probs (bounds the float32 logits)."""
     snapshot_device: str = "cpu"
     """Where the k most recent policy versions are kept for staleness k (cpu | cuda)."""
-    probe_every: int = 10
-    """Every N steps also run the batch through plain HF generate for the tokens/s comparison (0 = never)."""
+    probe_every: int = 50
+    """Every N steps also run the batch through plain HF generate for the tokens/s comparison (0 = never); the probe
+    is slow by design (it is the baseline), so it is timed as its own phase and kept rare."""
     verl_overrides: dict[str, Any] = field(default_factory=dict)
     """engine=verl: extra dotted verl keys (``actor_rollout_ref.rollout.n: 5``) applied on top of the mapping."""
     verl_launch: bool = True

@@ -95,6 +95,11 @@ class EngineGRPOTrainer(GRPOTrainer):
             raise ValueError("use_vllm must be False: the vLLM engine is driven through rollout.engine=vllm")
         self.timer = timer or PhaseTimer()
         super().__init__(*args, rollout_func=self._rollout, **kwargs)
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            raise ValueError(
+                "the engine weight sync reads whole parameters: run on one GPU or with DDP (torchrun); "
+                "FSDP / DeepSpeed ZeRO-3 sharded weights are not supported"
+            )
         if self.args.steps_per_generation != self.args.gradient_accumulation_steps or self.num_iterations != 1:
             raise ValueError(
                 "one rollout per optimizer step is required for policy versions to equal optimizer steps "
