@@ -14,6 +14,8 @@ A. Timing error: open-loop Poisson arrivals at the rate that keeps ``--streams``
 B. Arrival rate: open-loop Poisson at each ``--rates`` value (short scripts: TTFT 5 ms, 3 chunks 5 ms apart), for
    ``--seconds``. Sustained = offered rate within 1 % of the target, p99 dispatch lag (actual - scheduled send)
    <= 2 ms, and no failed request. The highest sustained rate is the harness's ceiling on this machine.
+   ``one_core_ceiling_req_s`` = requests / client CPU seconds: the rate one uncontended core would carry, the
+   figure to read when other processes share the cores (wall-clock lag then measures the neighbours).
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ def arrival_rates(rates: list[float], seconds: float, seed: int, workdir: Path) 
                 "lag_max_ms": max(lag), "completed": out.completed, "failed": out.failed + out.not_sent,
                 "peak_in_flight": peak_in_flight(out), "client_cpu_per_s": (c1 - c0) / out.duration_s,
                 "server_cpu_per_s": (s1 - s0) / out.duration_s, "loadavg_before": load0,
+                # CPU time per request (warmup included, a slight overestimate): what one whole core would carry
+                "client_cpu_us_per_req": 1e6 * (c1 - c0) / n, "one_core_ceiling_req_s": n / (c1 - c0),
             }
             row["sustained"] = bool(abs(row["offered_error_pct"]) <= 1.0 and row["lag_p99_ms"] <= 2.0
                                     and row["failed"] == 0)
