@@ -81,7 +81,7 @@ def test_sweep_cache_reuses_until_the_launch_spec_changes(tmp_path: Path) -> Non
 def test_external_endpoint_is_probed_not_launched(tmp_path: Path) -> None:
     srv = scripted_server.start([{"ttft_s": 0.0}], tmp_path)
     try:
-        ext, reused = server.acquire(ServeConfig(engine="openai", endpoint=srv.base_url + "/"), "m", tmp_path / "x")
+        ext, reused = server.acquire(ServeConfig(engine="openai", endpoint=srv.base_url + "/v1/"), "m", tmp_path / "x")
         assert ext.proc is None and not reused and ext.model_id == "scripted" and ext.base_url == srv.base_url
         ext.stop()  # a no-op for servers we did not start
         assert srv.exited() is None

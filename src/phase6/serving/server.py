@@ -268,7 +268,9 @@ def acquire(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | 
     workload, so the model load and the tokenization overlap).
     """
     if cfg.endpoint is not None:
-        srv = Server(cfg.engine, cfg.endpoint.rstrip("/"), cfg.model)
+        base = cfg.endpoint.rstrip("/")
+        base = base.removesuffix("/v1")  # OpenAI clients are often given .../v1; the paths we call include it
+        srv = Server(cfg.engine, base, cfg.model)
         srv.wait_ready(cfg.ready_timeout_s)
         return srv, False
     key = cfg.launch_key()
