@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -161,6 +162,48 @@ def test_static_decode_pads_to_a_bucket_and_matches_eager(tmp_path: Path) -> Non
         eager = engine._decode_eager([11, 12, 13], [5, 9, 130])
     assert calls == [(4, 256)] and static.shape == eager.shape == (3, 512)
     torch.testing.assert_close(static, eager, atol=1e-5, rtol=1e-5)
+
+
+class FakeGraph:
+    """CPU stand-in for torch.cuda.CUDAGraph: replay() recomputes into the output captured at 'capture' time
+    (live), or leaves it as captured (stale: what a graph bound to the wrong buffers would return)."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor], out: torch.Tensor, live: bool) -> None:
+        self.fn, self.out, self.live = fn, out, live
+
+    def replay(self) -> None:
+        if self.live:
+            self.out.copy_(self.fn())
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_graph_decode_path_and_startup_check(tmp_path: Path, live: bool) -> None:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_llama_config(vocab=512)).eval()
+    tp_server.apply_gqa_sdpa(model)
+    model.config.save_pretrained(tmp_path)
+    engine = Engine(
+        model,
+        ServerArgs(model=str(tmp_path), max_batch=4, max_model_len=256),
+        torch.device("cpu"),
+        0,
+        1,
+        None,
+        static_decode=True,
+    )
+    with torch.inference_mode():
+        for b in engine.batch_buckets:
+            for k in engine.kv_buckets:
+                fn = functools.partial(engine._decode_bucketed, b, k)
+                out = fn().clone()
+                engine.graphs[(b, k)] = (FakeGraph(fn, out, live), out)  # type: ignore[assignment]
+        engine.cuda_graphs = True
+        if live:
+            err = engine.verify_graphs()
+            assert err["graph_vs_bucket"] == 0 and err["bucket_vs_eager"] < 1e-5
+        else:
+            with pytest.raises(RuntimeError, match="--cuda-graphs: decode check failed"):
+                engine.verify_graphs()
 
 
 class ThreadCollectives:

@@ -3,8 +3,14 @@
 Launch (rank 0 serves HTTP on --host:--port; TP=1 is the same program without torchrun):
 
     python -m phase6.serving.tp_server --model <dir|config.json> --dummy-weights --dtype bfloat16 --port 8000
-    torchrun --standalone --nproc_per_node 4 -m phase6.serving.tp_server --model configs/serve_bench/arch/... \
-        --dummy-weights --dtype bfloat16 --port 8000 --max-batch 64
+    torchrun --standalone --nproc_per_node 4 -m phase6.serving.tp_server --model outputs/models/qwen2.5-14b \
+        --dummy-weights --dtype bfloat16 --port 8000 --max-batch 64 --cuda-graphs
+
+The 6B table on an H200 node (engine torch-tp of `phase6 serve-bench`; one command per TP, server reused across
+the three concurrencies):
+
+    python scripts/make_dummy_model.py qwen2.5-14b outputs/models/qwen2.5-14b
+    phase6 serve-bench -m experiment=gpu_h200_tp serve.tp=4 load.concurrency=1,16,64
 
 Endpoints: GET /health, GET /v1/models, GET /version, GET /metrics (vLLM metric names, so the 6B scraper reads them),
 POST /v1/completions and /v1/chat/completions (stream with ``data: {...}`` chunks, ``stream_options.include_usage``
@@ -601,9 +607,9 @@ class Engine:
         return time.perf_counter() - t0
 
     def verify_graphs(self) -> dict[str, float]:
-        """Start-up check on every rank: graph replay == the same bucket run eagerly (same kernels, so 1e-3 of
-        the logit scale), and == the unpadded eager decode within bf16 noise (5 %). RuntimeError otherwise:
-        a server that would measure the wrong computation must not start."""
+        """Start-up check on every rank, errors as max |difference| / max |logit|: graph replay vs the same bucket run
+        eagerly (<= 2 %: cuBLAS may pick other kernels under capture) and vs the unpadded eager decode (<= 10 %,
+        bf16 through all layers). A stale input or address in a graph is off by ~100 %: RuntimeError, no start."""
         prompts = [[(7 * i + 3 * j) % self.vocab_size for j in range(5 + 4 * i)] for i in range(3)]
         self.execute(StepPlan(prefill_prompts=prompts))  # rows 0..2 (empty before serving; reused later)
         tokens, positions = [1, 2, 3], [len(p) for p in prompts]
@@ -617,7 +623,7 @@ class Engine:
             "graph_vs_bucket": float((graph - bucket).abs().max()) / scale,
             "bucket_vs_eager": float((bucket - eager).abs().max()) / scale,
         }
-        if not (err["graph_vs_bucket"] <= 1e-3 and err["bucket_vs_eager"] <= 5e-2):
+        if not (err["graph_vs_bucket"] <= 2e-2 and err["bucket_vs_eager"] <= 1e-1):
             raise RuntimeError(
                 f"--cuda-graphs: decode check failed (max error / max |logit|: {err}); run without --cuda-graphs"
             )
@@ -761,7 +767,7 @@ class Scheduler:
                 r.generator = torch.Generator(device=logits.device)
                 r.generator.manual_seed(p.seed if p.seed is not None else self.args.seed + r.number)
             tokens[i] = torch.multinomial(probs, 1, generator=r.generator)[0]
-        return tokens.tolist()
+        return tokens.cpu().tolist()  # .cpu() waits for the step with the GIL released: HTTP streams meanwhile
 
     def _finish_reason(self, r: Request, token: int) -> str | None:
         p = r.params
