@@ -12,7 +12,8 @@ clipped loss of every ``loss_type``, metrics) stays TRL's. What the analysis nee
   ``use_vllm=True`` would make TRL push the live weights itself before every rollout, which defeats a fixed lag;
 - every phase of a step is timed (grpo_timing) by wrapping the methods TRL calls: ``training_step`` (policy update),
   ``_prepare_inputs``, ``_calculate_rewards``, ``_get_per_token_logps_and_entropies`` without grad (ref log-probs),
-  plus optimizer-step callbacks; these are private TRL methods, so TRL is pinned (pyproject) and a test runs the loop.
+  plus optimizer-step callbacks; these are private TRL methods, so the TRL version matters: tested with TRL 1.16, and
+  tests/test_grpo_train.py runs the whole loop on CPU.
 - on probe steps the same prompts go through the policy's plain ``generate`` (what ``use_vllm=False`` does), so the
   engine's tokens/s and the baseline's come from the same run, prompts and sampling settings.
 """
@@ -92,7 +93,7 @@ class EngineGRPOTrainer(GRPOTrainer):
         if is_correction not in IS_CORRECTIONS:
             raise ValueError(f"grpo.is_correction must be one of {list(IS_CORRECTIONS)}, got {is_correction!r}")
         if kwargs.get("args") is not None and kwargs["args"].use_vllm:
-            raise ValueError("use_vllm must be False: the vLLM engine is driven through rollout.engine=vllm")
+            raise ValueError("use_vllm must be False: vLLM is driven through our engine (engine=vllm)")
         self.timer = timer or PhaseTimer()
         super().__init__(*args, rollout_func=self._rollout, **kwargs)
         if self.is_fsdp_enabled or self.is_deepspeed_enabled:
@@ -111,8 +112,8 @@ class EngineGRPOTrainer(GRPOTrainer):
         self.is_clip = is_clip
         self.probe_every = probe_every
         self.monitor = monitor
-        engine_dtype = next(iter(self._policy().parameters())).dtype
-        self.history = PolicyHistory(staleness, snapshot_device, dtype=engine_dtype)
+        # snapshots keep the policy's dtype (bf16 on GPU runs): the engine casts on load if its dtype differs
+        self.history = PolicyHistory(staleness, snapshot_device)
         self.engine_version = 0  # the engine was built from the same checkpoint as the policy
         self.sampling = SamplingParams(
             max_new_tokens=self.args.max_completion_length,
