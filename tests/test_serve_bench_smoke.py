@@ -41,7 +41,7 @@ def test_smoke_sweep_end_to_end(tmp_path: Path) -> None:
         lines = (d / "requests.jsonl").read_text().splitlines()
         assert len(lines) == 40 and all(json.loads(x)["ok"] for x in lines)
         assert (d / "plots" / "latency_cdf.png").is_file() and (d / "plots" / "timeseries.png").is_file()
-        assert r["server"]["command"][1:3] == ["serve", r["server"]["model"]]
+        assert r["server"]["command"][1:5] == ["-m", "transformers.cli.transformers", "serve", r["server"]["model"]]
         assert "--continuous-batching" in r["server"]["command"]
     assert [r["rows"][0]["concurrency"] for r in res] == [2, 4]
     assert not res[0]["server"]["reused"] and res[1]["server"]["reused"]  # same engine/TP/model: not restarted

@@ -16,6 +16,7 @@ from phase6.serving import scripted_server, server, telemetry
 
 def test_command_lines_pass_engine_args_through() -> None:
     cfg = ServeConfig(engine="vllm", model="m", tp=2, dtype="bfloat16", max_model_len=4096,
+                      launcher=["/opt/vllm-env/bin/vllm", "serve"],
                       engine_args={"load-format": "dummy", "enforce-eager": True, "enable-chunked-prefill": False})
     cmd = server.build_command(cfg, "m", 8001)
     assert cmd[1:] == ["serve", "m", "--host", "127.0.0.1", "--port", "8001", "--tensor-parallel-size", "2",
@@ -25,8 +26,10 @@ def test_command_lines_pass_engine_args_through() -> None:
     assert "--enable-metrics" in sg and "--context-length" in sg and sg[-1] == "--disable-radix-cache"
     tf = server.build_command(ServeConfig(engine="transformers", tp=1, max_model_len=None,
                                           engine_args={"continuous-batching": True, "device": "cpu"}), "/d", 5)
-    assert tf[1:] == ["serve", "/d", "--host", "127.0.0.1", "--port", "5", "--dtype", "auto", "--continuous-batching",
-                      "--device", "cpu"]
+    assert tf[1:] == ["-m", "transformers.cli.transformers", "serve", "/d", "--host", "127.0.0.1", "--port", "5",
+                      "--dtype", "auto", "--continuous-batching", "--device", "cpu"]
+    with pytest.raises(ValueError, match="serve.launcher: 'no-such-engine-binary' is not installed here"):
+        server.build_command(ServeConfig(engine="vllm", launcher=["no-such-engine-binary", "serve"]), "m", 1)
     with pytest.raises(ValueError, match="serve.tp: transformers serve has no tensor parallelism"):
         server.build_command(ServeConfig(engine="transformers", tp=2), "/d", 5)
 

@@ -39,7 +39,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per readin
 LAUNCHERS: dict[str, list[str]] = {
     "vllm": ["vllm", "serve"],
     "sglang": [sys.executable, "-m", "sglang.launch_server"],
-    "transformers": ["transformers", "serve"],
+    "transformers": [sys.executable, "-m", "transformers.cli.transformers", "serve"],  # = `transformers serve`
     "torch-tp": [sys.executable, "-m", "phase6.serving.tp_server"],  # TP > 1: under torchrun (build_command)
 }
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang", "transformers": "transformers"}
@@ -89,8 +89,13 @@ def engine_flags(args: dict[str, Any]) -> list[str]:
 
 def build_command(cfg: ServeConfig, model: str, port: int) -> list[str]:
     """The server command line for ``cfg`` (model path resolved by the caller, port chosen)."""
+    if cfg.engine not in LAUNCHERS:
+        raise ValueError(f"serve.engine: {cfg.engine!r} cannot be launched; set serve.endpoint")
     launcher = list(cfg.launcher) if cfg.launcher else list(LAUNCHERS[cfg.engine])
     launcher[0] = _resolve(launcher[0])
+    if os.sep not in launcher[0]:
+        raise ValueError(f"serve.launcher: {launcher[0]!r} is not installed here (not next to {sys.executable} "
+                         f"nor on PATH); install {cfg.engine} or set serve.launcher=[/path/to/{launcher[0]}, ...]")
     common = ["--host", cfg.host, "--port", str(port)]
     if cfg.engine == "vllm":
         cmd = [*launcher, model, *common, "--tensor-parallel-size", str(cfg.tp), "--dtype", cfg.dtype]
