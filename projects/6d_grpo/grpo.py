@@ -250,7 +250,7 @@ def main(cfg: GrpoRunConfig) -> Path:
         return run_verl(cfg, rec, gsm8k_train)
     if cfg.engine.name == "vllm" and not use_cuda:
         raise ValueError("engine.name=vllm needs a CUDA GPU and the vllm extra; on CPU use engine=hf")
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL-experimental; pinned and tested
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL-experimental; tested with TRL 1.16
     from datasets import Dataset
 
     from phase6.posttrain.grpo_trainer import EngineGRPOTrainer
@@ -314,7 +314,7 @@ def main(cfg: GrpoRunConfig) -> Path:
     share = {r["phase"]: r["share_pct"] for r in breakdown}
     syncs = trainer.sync_log
     tp = trainer.throughput_log
-    speedups = [t["speedup"] for t in tp[1:] or tp if t["speedup"]]
+    speedups = [t["speedup"] for t in tp[1:] or tp if t["speedup"]]  # the first probe also pays the compile
     tokens = trainer.generated_tokens
     row: dict[str, Any] = {
         "model": cfg.model.name,
