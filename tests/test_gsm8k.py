@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -13,8 +12,6 @@ from phase6.tasks import gsm8k
 from phase6.tasks.gsm8k import extract_answer, pass_at_k, score, score_strict
 
 REF = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72"
-# ../shared/data beside the checkout (CI exports PHASE6_SHARED_DATA); a user's clone has neither: the test skips
-SHARED = Path(os.environ.get("PHASE6_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "gsm8k"
 
 
 @pytest.mark.parametrize(
@@ -166,9 +163,9 @@ def test_loader_roundtrip_and_validation(tmp_path: Path) -> None:
         gsm8k.load_gsm8k("does-not-exist")
 
 
-@pytest.mark.skipif(not (SHARED / "train.jsonl").exists(), reason="../shared/data/gsm8k not present")
-def test_real_train_split_loads_and_self_scores() -> None:
-    rows = gsm8k.load_gsm8k(str(SHARED), "train")
+def test_real_train_split_loads_and_self_scores(shared: Path) -> None:
+    """../shared/data/gsm8k (the official release file; skipped on a user's clone via the `shared` fixture)."""
+    rows = gsm8k.load_gsm8k(str(shared / "gsm8k"), "train")
     assert len(rows) == 7473
     assert rows[0].solution == "72"
     # Every worked solution scores 1.0 against itself, strictly and flexibly.
