@@ -50,7 +50,9 @@ OVERFIT_TARGET = 0.1  # train.sanity=overfit_batch passes when the final loss is
 # predict first
 
 
-def predict(cfg: PretrainRunConfig, model_cfg: ModelConfig, world: int, grad_accum: int, gpt2_tokens: bool):
+def predict(
+    cfg: PretrainRunConfig, model_cfg: ModelConfig, world: int, grad_accum: int, gpt2_tokens: bool
+) -> PretrainPrediction:
     """The planner's prediction for `model_cfg` on this run's hardware, batch geometry and token budget.
 
     The loss fits are in nats per GPT-2 token, so the loss is predicted only for GPT-2-tokenized data.
@@ -78,14 +80,18 @@ def predict(cfg: PretrainRunConfig, model_cfg: ModelConfig, world: int, grad_acc
     )
 
 
-def scaling_rows(cfg: PretrainRunConfig, world: int, grad_accum: int, gpt2_tokens: bool) -> list[dict[str, Any]]:
-    """The same predictions for the larger presets (predict.scaling_presets) at this run's budget and hardware."""
+def scaling_rows(
+    cfg: PretrainRunConfig, pred: PretrainPrediction, world: int, grad_accum: int, gpt2_tokens: bool
+) -> list[dict[str, Any]]:
+    """This run's prediction and the same for predict.scaling_presets (larger models) at its budget and hardware."""
+    preds = [(cfg.model.name, pred)]
+    for name in cfg.predict.scaling_presets:
+        mcfg = ModelConfig(**yaml.safe_load((CONFIG_DIR / "pretrain" / "model" / f"{name}.yaml").read_text()))
+        preds.append((name, predict(cfg, mcfg, world, grad_accum, gpt2_tokens)))
     rows = []
-    for name in [cfg.model.name, *cfg.predict.scaling_presets]:
-        path = CONFIG_DIR / "pretrain" / "model" / f"{name}.yaml"
-        mcfg = cfg.model if name == cfg.model.name else ModelConfig(**yaml.safe_load(path.read_text()))
-        pr = predict(cfg, mcfg, world, grad_accum, gpt2_tokens).predicted()
-        mem = predict(cfg, mcfg, world, grad_accum, gpt2_tokens).memory_gib
+    for name, p in preds:
+        pr = p.predicted()
+        band = f"{pr['val_loss_low']:.3f}-{pr['val_loss_high']:.3f}" if "val_loss_low" in pr else None
         rows.append(
             {
                 "model": name,
@@ -93,11 +99,9 @@ def scaling_rows(cfg: PretrainRunConfig, world: int, grad_accum: int, gpt2_token
                 "GFLOP/token": pr["flops_per_token"] / 1e9,
                 "tokens/s": pr[metrics.TOKENS_PER_S],
                 "MFU %": pr[metrics.MFU_PCT],
-                "GiB/GPU DDP": mem["ddp"]["total"],
-                "GiB/GPU FSDP2": mem["fsdp2"]["total"],
-                "val loss band": f"{pr['val_loss_low']:.3f}-{pr['val_loss_high']:.3f}"
-                if "val_loss_low" in pr
-                else None,
+                "GiB/GPU DDP": p.memory_gib["ddp"]["total"],
+                "GiB/GPU FSDP2": p.memory_gib["fsdp2"]["total"],
+                "val loss band": band,
                 "GPU-hours": pr.get(metrics.COST_GPU_HOURS),
                 "USD": pr.get(metrics.COST_USD),
             }
@@ -221,11 +225,11 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
     predicted = pred.predicted()
     # the run record masks string values under keys containing the word "token" (secrets): name the formula "flops"
     predicted["formulas"] = {("flops" if k == "flops_per_token" else k): v for k, v in predicted["formulas"].items()}
-    scaling = scaling_rows(cfg, info.world_size, grad_accum, gpt2_tokens)
+    scaling = scaling_rows(cfg, pred, info.world_size, grad_accum, gpt2_tokens)
     if info.is_main:
         (rec.dir / "predicted.json").write_text(json.dumps(pred.as_dict(), indent=2, default=str))
         rec.print(
-            f"[bold]predicted before step 1[/] ({cfg.model.name}, {num_params:,} params, {info.world_size} x "
+            f"predicted before step 1 ({cfg.model.name}, {num_params:,} params, {info.world_size} x "
             f"{cfg.hardware.name}, {tc.total_tokens():,} tokens):"
         )
         for k, v in predicted.items():
