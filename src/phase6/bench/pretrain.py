@@ -266,7 +266,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.seq_len > mcfg.block_size:
         raise ValueError(f"--seq-len {args.seq_len} exceeds {args.preset} block_size {mcfg.block_size}")
     hw = HardwareConfig(**load_yaml("hardware", args.hardware))
-    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (e.g. the loss) on tensor cores
     multi_base = (args.multi_batch_size, args.accum)
     if args.worker:  # torchrun child: one distributed row, JSON on rank 0's stdout
         info = init_distributed(args.device)
