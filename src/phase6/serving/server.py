@@ -167,6 +167,15 @@ def engine_version(base_url: str, engine: str) -> str:
     return "unknown"
 
 
+def _group_alive(pgid: int, leader: subprocess.Popen[bytes]) -> bool:
+    leader.poll()  # reap the leader: a zombie still counts as a member of its group
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 @dataclass
 class Server:
     """A server the benchmark talks to: launched here (``proc`` set) or external (``proc`` None)."""
@@ -212,17 +221,23 @@ class Server:
                            f"log tail:\n{tail}")
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``; return when the group is gone.
+
+        Waiting for the group, not just the leader: TP workers that outlive their parent for a moment still hold
+        GPU memory, and the next server of a sweep would start out of memory.
+        """
+        if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
+        pgid = self.proc.pid
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            if not _group_alive(pgid, self.proc):
+                break
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+                os.killpg(pgid, sig)
+            t0 = time.perf_counter()
+            while _group_alive(pgid, self.proc) and time.perf_counter() - t0 < wait_s:
+                time.sleep(0.05)
+        self.proc.wait(timeout=10)
 
     def info(self) -> dict[str, Any]:
         return {"engine": self.engine, "version": self.version, "base_url": self.base_url, "model": self.model,
