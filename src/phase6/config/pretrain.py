@@ -50,7 +50,7 @@ class ModelConfig:
     bias: bool = True
     """Biases in Linear/LayerNorm; HF GPT-2 checkpoints have them, so exports stay loadable."""
     dropout: float = 0.0
-    """Dropout on attention/residual; 0 for pretraining on >1 epoch-free data (nanoGPT, llm.c)."""
+    """Dropout on attention and residual branches; 0 for single-epoch pretraining (nanoGPT, llm.c)."""
     justify: dict[str, str] = field(default_factory=dict)
     """One-line justification + source per field name, rendered into results.md."""
 
@@ -189,7 +189,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     """Most recent checkpoints kept on disk."""
     resume: str | None = None
-    """Checkpoint file to resume from, or 'auto' for the newest one under run.dir/<name>/checkpoints."""
+    """Checkpoint file to resume from, or 'auto': the newest in <run.dir>/checkpoints (none there = start at step 0)."""
     sanity: str = "none"
     """'overfit_batch': train on one fixed batch (loss must go to ~0); 'none': normal run."""
     dry_run_steps: int = 0
