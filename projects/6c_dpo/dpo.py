@@ -115,11 +115,14 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
         **d.trl,
     )
     peft_cfg = lora_config(cfg, model)
+    from phase6.posttrain.sampling import length_grouped
+
     if d.loss == "orpo":
         from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
         args = ORPOConfig(**common)
-        return ORPOTrainer(
+        orpo_cls = length_grouped(ORPOTrainer) if d.group_by_length else ORPOTrainer
+        return orpo_cls(
             model=model,
             args=args,
             train_dataset=splits.train,
@@ -129,8 +132,6 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
             callbacks=callbacks,
         )
     from trl import DPOConfig, DPOTrainer
-
-    from phase6.posttrain.sampling import length_grouped
 
     trainer_cls = length_grouped(DPOTrainer) if d.group_by_length else DPOTrainer
     args = DPOConfig(loss_type=[d.loss], precompute_ref_log_probs=d.precompute_ref_log_probs, **common)
@@ -263,14 +264,15 @@ def main(cfg: DPORunConfig) -> Path:
         win_rate, judge_rows = res.win_rate, res.rows()
         judge_note = f"{j.model} at {j.base_url}: both answer orders, a win needs both to agree"
 
-    if cfg.output.merge and rec.is_main:
-        policy.merge_and_unload().save_pretrained(str(run_dir / "merged"))
-        tok.save_pretrained(str(run_dir / "merged"))
+    # the adapter goes up before merge_and_unload folds it into the base weights
     if cfg.output.push_to_hub and rec.is_main:
         token = os.environ.get(cfg.output.hub_token_env)
         if not token:
             raise ValueError(f"output.hub_token_env: environment variable {cfg.output.hub_token_env} is not set")
         policy.push_to_hub(cfg.output.hub_model_id, private=cfg.output.hub_private, token=token)
+    if cfg.output.merge and rec.is_main:
+        policy.merge_and_unload().save_pretrained(str(run_dir / "merged"))
+        tok.save_pretrained(str(run_dir / "merged"))
 
     steps = trainer.state.global_step
     pairs = steps * cfg.dpo.pairs_per_step(world)
@@ -356,7 +358,10 @@ def main(cfg: DPORunConfig) -> Path:
                 ("lora.alpha", cfg.lora.alpha),
                 ("max_length", cfg.dpo.max_length),
                 ("pairs_per_step", cfg.dpo.pairs_per_step(world)),
-                ("precompute_ref_log_probs", cfg.dpo.precompute_ref_log_probs),
+                (
+                    "precompute_ref_log_probs",
+                    "n/a (ORPO has no reference)" if cfg.dpo.loss == "orpo" else cfg.dpo.precompute_ref_log_probs,
+                ),
                 ("gradient_checkpointing", cfg.dpo.gradient_checkpointing),
                 ("group_by_length", cfg.dpo.group_by_length),
             )

@@ -175,18 +175,18 @@ class DPOTrainConfig:
     """Epochs over the training split (ignored when max_steps > 0)."""
     max_steps: int = -1
     """Optimizer steps; -1 = num_epochs."""
-    per_device_batch_size: int = 8
+    per_device_batch_size: int = 4
     """Pairs per device per micro-step (each pair = 2 sequences)."""
-    grad_accum: int = 1
+    grad_accum: int = 4
     """Micro-steps per optimizer step."""
     max_length: int = 1024
     """Tokens per prompt+completion sequence (keep_start truncation)."""
-    precompute_ref_log_probs: bool = False
-    """Score the reference once before training instead of one extra forward per step."""
-    gradient_checkpointing: bool = True
+    precompute_ref_log_probs: bool = True
+    """Score the reference once before training instead of one extra forward per step (n/a to ORPO: no reference)."""
+    gradient_checkpointing: bool = False
     """Recompute activations in backward (memory for ~1 extra forward)."""
-    group_by_length: bool = False
-    """Batch pairs of similar token length (less padding; TRL 1.16's padding_free is disabled). DPO losses only."""
+    group_by_length: bool = True
+    """Batch pairs of similar token length (less padding; TRL 1.16's padding_free is disabled)."""
     warmup_ratio: float = 0.1
     """Linear warmup share of the steps."""
     lr_scheduler: str = "cosine"
@@ -211,16 +211,6 @@ class DPOTrainConfig:
         require(0.0 <= self.warmup_ratio < 1.0, "dpo.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         clash = sorted(set(self.trl) & set(OWNED_TRL_KEYS))
         require(not clash, "dpo.trl", f"keys {clash} are typed fields of this config; set dpo.<field> instead")
-        require(
-            not (self.loss == "orpo" and self.precompute_ref_log_probs),
-            "dpo.precompute_ref_log_probs",
-            "ORPO has no reference model; set it to false",
-        )
-        require(
-            not (self.loss == "orpo" and self.group_by_length),
-            "dpo.group_by_length",
-            "is implemented for the DPO trainer's tokenised columns only; set it to false for ORPO",
-        )
 
     def pairs_per_step(self, world_size: int) -> int:
         """Preference pairs per optimizer step across all ranks."""

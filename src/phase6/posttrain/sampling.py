@@ -18,16 +18,26 @@ T = TypeVar("T")
 
 
 def pair_lengths(dataset: Any) -> list[int]:
-    """Padded length of a pair = prompt + the longer of its two completions (both sequences share one batch)."""
-    return [
-        len(p) + max(len(c), len(r))
-        for p, c, r in zip(dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"], strict=True)
-    ]
+    """Padded length of a pair: the longer of its two sequences (both share one batch).
+
+    DPOTrainer columns: prompt_ids + chosen_ids / rejected_ids; ORPOTrainer columns: chosen_input_ids /
+    rejected_input_ids (prompt included).
+    """
+    cols = set(dataset.column_names)
+    if {"prompt_ids", "chosen_ids", "rejected_ids"} <= cols:
+        return [
+            len(p) + max(len(c), len(r))
+            for p, c, r in zip(dataset["prompt_ids"], dataset["chosen_ids"], dataset["rejected_ids"], strict=True)
+        ]
+    if {"chosen_input_ids", "rejected_input_ids"} <= cols:
+        return [
+            max(len(c), len(r)) for c, r in zip(dataset["chosen_input_ids"], dataset["rejected_input_ids"], strict=True)
+        ]
+    raise ValueError(f"dpo.group_by_length: no tokenised pair columns in the train dataset ({sorted(cols)})")
 
 
 def length_grouped(trainer_cls: type[T]) -> type[T]:
-    """Subclass of a TRL preference trainer (tokenised prompt_ids/chosen_ids/rejected_ids) with a length-grouped
-    train sampler."""
+    """Subclass of TRL's DPOTrainer or ORPOTrainer with a length-grouped train sampler."""
 
     class LengthGrouped(trainer_cls):  # type: ignore[valid-type,misc]
         def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler:
