@@ -17,11 +17,11 @@ EXPERIMENT=${EXPERIMENT:-gpt2_124m_fineweb_edu}
 OVERRIDES=("experiment=$EXPERIMENT" "$@")
 
 # Resolve the data preset and its shard directory from the composed config (one source of truth).
-read -r DATA_OUT DATA_NAME < <("$BIN/python" - "${OVERRIDES[@]}" <<'PY'
+read -r DATA_OUT DATA_NAME SEQ_LEN VAL_TOKENS < <("$BIN/python" - "${OVERRIDES[@]}" <<'PY'
 import sys
 from phase6.launch import load_config
 cfg = load_config("pretrain", sys.argv[1:])
-print(cfg.data.out_dir, cfg.data.name)
+print(cfg.data.out_dir, cfg.data.name, cfg.train.seq_len, cfg.train.val_tokens)
 PY
 )
 RUN_DIR=${RUN_DIR:-outputs/pretrain/$(date +%Y%m%d-%H%M%S)_6a_${EXPERIMENT}}
@@ -35,13 +35,14 @@ ensure_prepared(load_config("pretrain", sys.argv[1:]).data)
 PY
 
 echo "== 2/4 train on $NPROC GPU(s) per node -> $RUN_DIR"
-$TORCHRUN -m phase6 pretrain "${OVERRIDES[@]}" "run.dir=$RUN_DIR" prepare_data=false
+$TORCHRUN -m phase6 pretrain "${OVERRIDES[@]}" "run.dir=$RUN_DIR" auto_prepare=false
 
 echo "== 3/4 eval: lm-eval on the HF export + val loss on $DATA_OUT"
 read -r -a EVAL_EXTRA <<< "${EVAL_ARGS:-}"
-"$BIN/phase6" eval "model=$RUN_DIR/hf" "val_data=$DATA_OUT" "run.dir=$RUN_DIR/eval" "${EVAL_EXTRA[@]}"
+VAL=("val_data=$DATA_OUT" "val_seq_len=$SEQ_LEN" "val_tokens=$VAL_TOKENS")  # the trainer's val/loss windows
+"$BIN/phase6" eval "model=$RUN_DIR/hf" "${VAL[@]}" "run.dir=$RUN_DIR/eval" "${EVAL_EXTRA[@]}"
 if [[ "${BASELINE:-0}" == "1" ]]; then
-  "$BIN/phase6" eval model=gpt2 "val_data=$DATA_OUT" "run.dir=$RUN_DIR/eval_gpt2" "${EVAL_EXTRA[@]}"
+  "$BIN/phase6" eval model=gpt2 "${VAL[@]}" "run.dir=$RUN_DIR/eval_gpt2" "${EVAL_EXTRA[@]}"
 fi
 
 echo "== 4/4 report"

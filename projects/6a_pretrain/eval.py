@@ -49,14 +49,17 @@ def val_loss(cfg: EvalRunConfig, device: str, dtype: torch.dtype) -> dict[str, A
             f"{model.config.vocab_size}: the model was not trained on this tokenizer"
         )
     max_pos = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
-    if max_pos is not None and cfg.val_seq_len > max_pos:
-        raise ValueError(f"val_seq_len: {cfg.val_seq_len} exceeds the model's context {max_pos}")
-    loader = ValLoader(cfg.val_data, cfg.val_batch_size, cfg.val_seq_len, cfg.val_tokens)
+    seq_len = cfg.val_seq_len or max_pos
+    if seq_len is None:
+        raise ValueError(f"val_seq_len: the config of {cfg.model} states no context length; set val_seq_len")
+    if max_pos is not None and seq_len > max_pos:
+        raise ValueError(f"val_seq_len: {seq_len} exceeds the model's context {max_pos}")
+    loader = ValLoader(cfg.val_data, cfg.val_batch_size, seq_len, cfg.val_tokens)
     total = torch.zeros((), dtype=torch.float64, device=device)
     for x, y in loader:
         logits = model(input_ids=x.to(device)).logits  # (B, T, V)
         total += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten()).double()
-    return {"val_loss": (total / len(loader)).item(), "tokens": loader.num_tokens, "seq_len": cfg.val_seq_len}
+    return {"val_loss": (total / len(loader)).item(), "tokens": loader.num_tokens, "seq_len": seq_len}
 
 
 def main(cfg: EvalRunConfig) -> dict[str, Any]:
@@ -111,7 +114,7 @@ def main(cfg: EvalRunConfig) -> dict[str, Any]:
         "Settings": (
             f"lm-eval hf backend, {dtype_name} on {device}, num_fewshot={cfg.num_fewshot}, "
             f"limit={cfg.limit or 'none'}; val loss = mean CE over {cfg.val_tokens:,} val tokens in "
-            f"{cfg.val_seq_len}-token windows (the trainer's val/loss definition)"
+            f"{cfg.val_seq_len or 'model-context'}-token windows (the trainer's val/loss definition)"
         ),
         "Anchors": "\n".join(f"- {k}: {v}" for k, v in ANCHORS.items()),
     }

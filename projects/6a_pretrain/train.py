@@ -164,10 +164,10 @@ def plot_curves(history: list[dict[str, Any]], path: Path, title: str) -> None:
 
 def load_data(cfg: PretrainRunConfig, info: DistInfo) -> Manifest | None:
     """Prepare the shards if needed (one process only: a 10B-token prep must not run under a collective timeout)."""
-    if cfg.prepare_data and info.world_size == 1:
+    if cfg.auto_prepare and info.world_size == 1:
         return ensure_prepared(cfg.data, show_progress=True)
     if not Path(cfg.data.out_dir).is_dir():
-        why = "multi-process runs never prepare data" if info.world_size > 1 else "prepare_data=false"
+        why = "multi-process runs never prepare data" if info.world_size > 1 else "auto_prepare=false"
         raise ValueError(f"data.out_dir: {cfg.data.out_dir} does not exist ({why}); run `phase6 prepare-data` first")
     return load_manifest(cfg.data.out_dir)  # None for llm.c / modded-nanogpt shards, which carry no manifest
 

@@ -270,7 +270,7 @@ class PretrainRunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     device: str = "auto"
     """'auto' (cuda:LOCAL_RANK if available, else cpu), 'cuda' or 'cpu'."""
-    prepare_data: bool = True
+    auto_prepare: bool = True
     """Tokenize data.* into data.out_dir first when it holds no shards (the embedded corpus takes seconds)."""
     predict: PredictConfig = field(default_factory=PredictConfig)
 
@@ -322,8 +322,8 @@ class EvalRunConfig:
     """Shard directory (prepare-data out_dir or llm.c shards): mean loss on its val shard; None = skip."""
     val_tokens: int = 10_485_760
     """Val tokens scored (10 x 2^20, the speedrun's definition), rounded down to whole batches."""
-    val_seq_len: int = 1024
-    """Context of each val window (GPT-2: 1024)."""
+    val_seq_len: int | None = None
+    """Context of each val window; None = the model's context (GPT-2: 1024)."""
     val_batch_size: int = 16
     """Windows per forward for the val loss."""
     trust_remote_code: bool = False
@@ -342,6 +342,7 @@ class EvalRunConfig:
             f"must be auto, float32 or bfloat16, got {self.dtype!r}",
         )
         require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
-        for key in ("batch_size", "val_tokens", "val_seq_len", "val_batch_size"):
+        for key in ("batch_size", "val_tokens", "val_batch_size"):
             require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        require(self.val_seq_len is None or self.val_seq_len > 0, "val_seq_len", f"must be > 0, got {self.val_seq_len}")
         require(self.limit is None or self.limit > 0, "limit", f"must be > 0 or null, got {self.limit}")
