@@ -96,8 +96,3 @@ def set_grad_sync(model: nn.Module, enabled: bool) -> None:
         model.require_backward_grad_sync = enabled  # exactly what DDP.no_sync() toggles
     elif isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(enabled)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The GPT inside a DDP wrapper (FSDP2 modifies the module in place, so it is already the GPT)."""
-    return model.module if isinstance(model, DDP) else model
