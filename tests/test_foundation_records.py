@@ -52,7 +52,7 @@ def test_cost_hand_computed() -> None:
 def test_redaction_rules() -> None:
     for k in ("HF_TOKEN", "WANDB_API_KEY", "api_key", "password", "client_secret", "OPENAI_API_KEY", "judge.apiKey"):
         assert is_secret_key(k), k
-    for k in ("max_new_tokens", "tokenizer", "tokens_per_s", "keyframe", "monkey"):
+    for k in ("max_new_tokens", "tokenizer", "tokens_per_s", "keyframe", "monkey", "flops_per_token", "eot_token"):
         assert not is_secret_key(k), k
     # numbers are never secrets, whatever the key says
     assert redact({"kv_cache_bytes_per_token": 327680}) == {"kv_cache_bytes_per_token": 327680}
