@@ -102,7 +102,14 @@ def test_orpo_selects_trl_single_stage_trainer(tmp_path: Path) -> None:
     from trl.experimental.orpo import ORPOTrainer
 
     splits, tok, model = tiny()
-    trainer = build_trainer(run_cfg(tmp_path, loss="orpo", beta=0.1, max_steps=2), model, tok, splits, False, [])
+    trainer = build_trainer(
+        run_cfg(tmp_path, loss="orpo", beta=0.1, max_steps=2, trl={"precompute_ref_batch_size": 16}),
+        model,
+        tok,
+        splits,
+        False,
+        [],
+    )
     assert isinstance(trainer, ORPOTrainer) and trainer.args.beta == 0.1
     trainer.train()
     logged = {k for h in trainer.state.log_history for k in h}
@@ -121,6 +128,8 @@ def test_config_validation_names_the_key(tmp_path: Path) -> None:
         DPOEvalConfig(tasks=["mmlu"], target="truthfulqa_mc2")
     splits, tok, model = tiny()
     cfg = run_cfg(tmp_path)
+    with pytest.raises(ValueError, match=r"dpo\.trl: \['not_a_field'\] are not fields of trl\.DPOConfig"):
+        build_trainer(run_cfg(tmp_path, trl={"not_a_field": 1}), model, tok, splits, False, [])
     cfg.lora.target_modules = ["c_attn"]  # a GPT-2 name on a Qwen2 model
     with pytest.raises(ValueError, match=r"lora\.target_modules: \['c_attn'\] not in Qwen2ForCausalLM"):
         build_trainer(cfg, model, tok, splits, False, [])

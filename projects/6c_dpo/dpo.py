@@ -89,8 +89,26 @@ def lora_config(cfg: DPORunConfig, model: Any) -> Any:
 
 
 def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda: bool, callbacks: list[Any]) -> Any:
-    """TRL DPOTrainer (sigmoid, ipo, ...) or the experimental ORPOTrainer, with our typed knobs + the pass-through."""
+    """TRL DPOTrainer (sigmoid, ipo, ...) or the experimental ORPOTrainer, with our typed knobs + the pass-through.
+
+    ``dpo.trl`` keys must be fields of DPOConfig or ORPOConfig; under ORPO, DPO-only keys (e.g.
+    precompute_ref_batch_size, which has no meaning without a reference) are left out and listed on the console.
+    """
+    import dataclasses
+
+    from trl import DPOConfig
+    from trl.experimental.orpo import ORPOConfig
+
     d = cfg.dpo
+    target_cls = ORPOConfig if d.loss == "orpo" else DPOConfig
+    known = {f.name for f in dataclasses.fields(DPOConfig)} | {f.name for f in dataclasses.fields(ORPOConfig)}
+    unknown = sorted(set(d.trl) - known)
+    if unknown:
+        raise ValueError(f"dpo.trl: {unknown} are not fields of trl.DPOConfig or ORPOConfig")
+    target_fields = {f.name for f in dataclasses.fields(target_cls)}
+    passed = {k: v for k, v in d.trl.items() if k in target_fields}
+    if set(d.trl) - set(passed):
+        print(f"dpo.trl: {sorted(set(d.trl) - set(passed))} do not apply to {target_cls.__name__}; left out")
     common: dict[str, Any] = dict(
         output_dir=str(Path(cfg.run.dir) / "trainer"),
         learning_rate=d.learning_rate,
@@ -112,13 +130,13 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
         logging_steps=d.logging_steps,
         save_strategy="no",
         report_to=[],  # RunRecord owns W&B (one run per sweep member) and metrics.jsonl
-        **d.trl,
+        **passed,
     )
     peft_cfg = lora_config(cfg, model)
     from phase6.posttrain.sampling import length_grouped
 
     if d.loss == "orpo":
-        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+        from trl.experimental.orpo import ORPOTrainer
 
         args = ORPOConfig(**common)
         orpo_cls = length_grouped(ORPOTrainer) if d.group_by_length else ORPOTrainer
@@ -131,7 +149,7 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
             peft_config=peft_cfg,
             callbacks=callbacks,
         )
-    from trl import DPOConfig, DPOTrainer
+    from trl import DPOTrainer
 
     trainer_cls = length_grouped(DPOTrainer) if d.group_by_length else DPOTrainer
     args = DPOConfig(loss_type=[d.loss], precompute_ref_log_probs=d.precompute_ref_log_probs, **common)
