@@ -168,6 +168,18 @@ def test_sse_parser_handles_comments_multiline_data_and_errors() -> None:
         _parse_event(b"data: {oops", 0.5, r, s)
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat (all cores)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - fields[3] - fields[4]) / tick, sum(fields) / tick
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> None:
     """Measured TTFT and per-token ITL vs the script: |error| p50 <= 1 ms, p99 <= 3 ms; Poisson rate within 1 %.
 
@@ -175,10 +187,8 @@ def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> 
     cores). The server times each script from the client's send time (x-send-time, same host clock), so the error
     is what the harness adds: HTTP transfer, event-loop delays and the timestamping itself.
     """
-    load = os.getloadavg()[0]
-    if load > 0.75 * (os.cpu_count() or 1):
-        pytest.skip(f"load average {load:.1f} on {os.cpu_count()} cores: the 1 ms / 3 ms bounds need idle cores "
-                    "(projects/6b_serving/bench_client.py measures the same under any load)")
+    if not Path("/proc/stat").is_file():
+        pytest.skip("needs /proc to tell our CPU use from other processes")
     n = 1024
     scripts = scripted_server.random_scripts(n, seed=0)
     srv = scripted_server.start(scripts, tmp_path)
@@ -187,10 +197,19 @@ def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> 
         rate = 256 / mean_s
         schedule = build_schedule("poisson", n, seed=0, request_rate=rate)
         warm = [body(i) for i in range(64)]
+        busy0, total0 = cpu_seconds()
+        ours0 = time.process_time() + process_cpu_seconds(srv.proc.pid)
         out = run_benchmark(srv.base_url, "chat", [body(i) for i in range(n)], schedule.tolist(), None,
                             warmup=warm, tokenizer=WordTok(), send_time_header=True)
+        busy1, total1 = cpu_seconds()
+        ours1 = time.process_time() + process_cpu_seconds(srv.proc.pid)
     finally:
         srv.stop()
+    others = (busy1 - busy0 - (ours1 - ours0)) / (total1 - total0)  # share of all cores other processes used
+    if others > 0.1:
+        # one 10 ms preemption of the client delays every one of the ~280 open streams: 1 % of all samples
+        pytest.skip(f"other processes used {100 * others:.0f}% of the cores during the run; the 1 ms / 3 ms bounds "
+                    "need idle cores (projects/6b_serving/bench_client.py reports the same numbers under any load)")
     assert out.completed == n and out.failed == 0 and out.not_sent == 0
     ttft_err, itl_err = [], []
     for r in out.results:

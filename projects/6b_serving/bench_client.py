@@ -10,7 +10,8 @@ A. Timing error: open-loop Poisson arrivals at the rate that keeps ``--streams``
    has a seeded script (TTFT 20-200 ms, 8-20 chunks 20-100 ms apart, 1-3 tokens per chunk). The server times each
    script from the client's send time (``x-send-time``, same CLOCK_MONOTONIC), so |measured - script| is the error
    the harness adds: HTTP transfer, both event loops, the timestamping. Reported as p50/p99/max of |error| for TTFT
-   and per-token ITL, with the offered rate against the target.
+   and per-token ITL, with the offered rate against the target; ``server_late_*`` is the scripted server's own
+   part (how late its chunks left), the rest is the client's.
 B. Arrival rate: open-loop Poisson at each ``--rates`` value (short scripts: TTFT 5 ms, 3 chunks 5 ms apart), for
    ``--seconds``. Sustained = offered rate within 1 % of the target, p99 dispatch lag (actual - scheduled send)
    <= 2 ms, and no failed request. The highest sustained rate is the harness's ceiling on this machine.
@@ -31,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from phase6.serving import scripted_server
@@ -82,6 +84,7 @@ def timing_error(streams: int, n: int, seed: int, workdir: Path) -> dict[str, An
         out = run_benchmark(srv.base_url, "chat", [body(i) for i in range(n)], schedule.tolist(), None,
                             warmup=[body(i) for i in range(min(n, 64))], tokenizer=WordTok(), send_time_header=True)
         c1, s1 = time.process_time(), cpu_s(srv.proc.pid)
+        late = np.array(httpx.get(srv.base_url + "/lateness", timeout=30).json()["late_s"]) * 1e3
     finally:
         srv.stop()
     ttft = [abs(r.ttft_s - scripts[r.index]["ttft_s"]) * 1e3 for r in out.results if r.ok]
@@ -96,6 +99,7 @@ def timing_error(streams: int, n: int, seed: int, workdir: Path) -> dict[str, An
         "ttft_err_p50_ms": float(np.percentile(ttft, 50)), "ttft_err_p99_ms": float(np.percentile(ttft, 99)),
         "ttft_err_max_ms": max(ttft), "itl_err_p50_ms": float(np.percentile(itl, 50)),
         "itl_err_p99_ms": float(np.percentile(itl, 99)), "itl_err_max_ms": max(itl),
+        "server_late_p50_ms": float(np.percentile(late, 50)), "server_late_p99_ms": float(np.percentile(late, 99)),
         "client_cpu_per_s": (c1 - c0) / out.duration_s, "server_cpu_per_s": (s1 - s0) / out.duration_s,
         "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
     }

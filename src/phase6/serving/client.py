@@ -454,8 +454,12 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
                     t.cancel()
                 return
 
+    # Collector pauses land in the measured latencies: freeze the heap built so far (vLLM freeze_gc_heap) and stop
+    # full (generation-2) collections while results accumulate; young generations are still collected.
     gc.collect()
-    gc.freeze()  # no full collections over the long-lived heap during the run (vLLM freeze_gc_heap)
+    gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                          headers={"Content-Type": "application/json"}) as session:
@@ -487,6 +491,7 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
                 dog.cancel()
                 await asyncio.gather(dog, return_exceptions=True)
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
     for r in results:
         if r.index in streams:

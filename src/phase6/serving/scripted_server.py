@@ -18,7 +18,8 @@ With ``--scripts`` it also stands in for an engine in lifecycle tests (``serve.l
 phase6.serving.scripted_server, --scripts, f.json]``): the model positional and engine flags are accepted and ignored.
 
 The loop's timers fire on time (``client.PreciseEpollSelector``: epoll alone rounds timeouts up to whole
-milliseconds), so a chunk leaves within tens of microseconds of its target. ``/metrics`` exposes vLLM-style gauges of the in-flight count.
+milliseconds), so a chunk leaves within tens of microseconds of its target; ``GET /lateness`` lists how late each
+content chunk actually left. ``/metrics`` exposes vLLM-style gauges of the in-flight count.
 
     python -m phase6.serving.scripted_server --port 8123 --scripts scripts.json
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import subprocess
 import sys
@@ -98,6 +100,7 @@ def _prompt_of(body: dict[str, Any]) -> str:
 
 def build_app(scripts: list[dict[str, Any]]) -> web.Application:
     state = {"running": 0, "generated": 0, "requests": 0}
+    late: list[float] = []  # how late each content chunk was written (s after its target): the server's own error
 
     async def sleep_until(loop: asyncio.AbstractEventLoop, target: float) -> None:
         delay = target - loop.time()
@@ -157,6 +160,7 @@ def build_app(scripts: list[dict[str, Any]]) -> web.Application:
                     await resp.write(b'data: {"choices": [{"delta": {"content": "broken\n\n')
                     continue
                 await sleep_until(loop, target)
+                late.append(loop.time() - target)
                 total += k
                 await resp.write(event(piece("tok " * k), total if sc["usage"] == "continuous" else None))
                 state["generated"] += k
@@ -180,6 +184,10 @@ def build_app(scripts: list[dict[str, Any]]) -> web.Application:
     async def version(_: web.Request) -> web.Response:
         return web.json_response({"version": "scripted-1"})
 
+    async def lateness(_: web.Request) -> web.Response:
+        """Emission error of every content chunk so far (seconds after target): separates server from client."""
+        return web.json_response({"late_s": late})
+
     async def metrics(_: web.Request) -> web.Response:
         lines = [
             "# TYPE vllm:num_requests_running gauge",
@@ -196,7 +204,7 @@ def build_app(scripts: list[dict[str, Any]]) -> web.Application:
     app = web.Application()
     app.add_routes([web.post("/v1/chat/completions", complete), web.post("/v1/completions", complete),
                     web.get("/health", health), web.get("/v1/models", models), web.get("/version", version),
-                    web.get("/metrics", metrics)])
+                    web.get("/metrics", metrics), web.get("/lateness", lateness)])
     return app
 
 
@@ -207,6 +215,9 @@ def serve(scripts: list[dict[str, Any]], host: str, port: int) -> None:
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, host, port, backlog=4096)
     loop.run_until_complete(site.start())
+    gc.collect()
+    gc.freeze()  # as the client: no full collections (ms pauses) while it emits scripted chunks
+    gc.set_threshold(gc.get_threshold()[0], gc.get_threshold()[1], 1 << 30)
     print(f"scripted server on http://{host}:{port} ({len(scripts)} scripts) at {time.time():.3f}", flush=True)
     try:
         loop.run_forever()
