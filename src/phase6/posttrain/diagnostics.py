@@ -321,8 +321,9 @@ def generation_lengths(
     eos_ids = set(_as_list(model.generation_config.eos_token_id)) | {tokenizer.eos_token_id}
     eos_ids.discard(None)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    side = tokenizer.padding_side
+    side, trunc_side = tokenizer.padding_side, tokenizer.truncation_side
     tokenizer.padding_side = "left"  # decoder-only batched generation needs left padding
+    tokenizer.truncation_side = "left"  # an over-long prompt keeps its end (the question and the generation prompt)
     lengths: list[int] = []
     finished: list[bool] = []
     decoded: list[str] = []
@@ -355,7 +356,7 @@ def generation_lengths(
                 finished.append(done)
                 decoded.append(tokenizer.decode(row[:n], skip_special_tokens=True))
     finally:
-        tokenizer.padding_side = side
+        tokenizer.padding_side, tokenizer.truncation_side = side, trunc_side
         model.train(was_training)
     return lengths, finished, decoded
 
