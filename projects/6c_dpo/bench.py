@@ -190,7 +190,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="LLaMA-Factory dpo_en_demo.json")
     p.add_argument("--tokenizer", required=True, help="directory with GPT-2 encoder.json + vocab.bpe")
-    p.add_argument("--variants", default="trl_default,ours", help=f"comma list of {list(VARIANTS)}")
+    p.add_argument("--variants", default="trl_default,ours,ours_mb4", help=f"comma list of {list(VARIANTS)}")
     p.add_argument("--steps", type=int, default=0, help="optimizer steps per variant (8 pairs each); 0 = one epoch")
     p.add_argument("--warmup", type=int, default=3, help="steps excluded from the steady-state median")
     p.add_argument("--workdir", default="/tmp/phase6_dpo_bench")
