@@ -296,6 +296,7 @@ def main(cfg: DPORunConfig) -> Path:
     pairs = steps * cfg.dpo.pairs_per_step(world)
     hist = [h for h in trainer.state.log_history if "num_tokens" in h]
     tokens = float(hist[-1]["num_tokens"]) if hist else 0.0
+    trainer.accelerator.free_memory()  # the Accelerator keeps references to the prepared model and optimizer
     del trainer, policy, model
     gc.collect()
     barrier()  # rank 0 wrote the adapter (and the tiny base) that every rank's lm-eval loads next
