@@ -189,6 +189,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
     torch.manual_seed(cfg.run.seed)  # the same on every rank: identical initial weights (DDP also broadcasts them)
     use_bf16 = tc.dtype == "bf16" or (tc.dtype == "auto" and device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    torch.backends.cuda.matmul.allow_tf32 = tc.tf32  # fp32 matmuls only; the kernel choices are in cfg.parallel
     rec = RunRecord(cfg, job="pretrain", rank=info.rank)
     ckpt_dir = rec.dir / "checkpoints"
 

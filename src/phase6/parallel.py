@@ -1,5 +1,6 @@
 """Parallelism as free functions on a plain GPT, applied in ONE order by `parallelize` (torchtitan style).
 
+    apply_sdpa     pin the attention kernel (flash / cudnn / efficient / math)   (before compile: it is traced)
     apply_ac       wrap each block in activation checkpointing      (first: compile must trace the recompute)
     apply_compile  torch.compile: per block under FSDP2 (each block is one graph between FSDP's all-gather /
                    reduce-scatter hooks), the whole model otherwise (so the lm_head + cross-entropy fuse)
@@ -18,6 +19,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.attention import SDPBackend
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from phase6.config.pretrain import ParallelConfig
@@ -28,6 +30,24 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
     return model.transformer.h  # type: ignore[return-value]
 
 
+SDPA_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+
+
+def apply_sdpa(model: nn.Module, backend: str) -> None:
+    """Pin scaled_dot_product_attention to one kernel ('auto' = PyTorch's own priority order). Each attention runs
+    SDPA under torch.nn.attention.sdpa_kernel([that backend]); torch.compile traces the context, so the compiled
+    graph calls the chosen kernel (and its backward). A backend that cannot run raises, it never falls back."""
+    if backend not in ("auto", *SDPA_BACKENDS):
+        raise ValueError(f"parallel.sdpa_backend: must be auto or one of {sorted(SDPA_BACKENDS)}, got {backend!r}")
+    for block in _blocks(model):
+        block.attn.sdpa_backends = None if backend == "auto" else [SDPA_BACKENDS[backend]]
+
+
 def apply_ac(model: nn.Module) -> None:
     """Full activation checkpointing per block: keep block inputs, recompute the block in backward."""
     blocks = _blocks(model)
@@ -35,15 +55,20 @@ def apply_ac(model: nn.Module) -> None:
         blocks[i] = checkpoint_wrapper(block)  # state_dict hooks strip the wrapper prefix: keys stay unchanged
 
 
-def apply_compile(model: nn.Module, per_block: bool, mode: str | None = None) -> None:
-    """In-place torch.compile (nn.Module.compile keeps parameter names, so checkpoints need no prefix fix)."""
+def apply_compile(model: nn.Module, per_block: bool, options: dict | None = None, fullgraph: bool = False) -> None:
+    """In-place torch.compile (nn.Module.compile keeps parameter names, so checkpoints need no prefix fix).
+
+    `options` are inductor options (ParallelConfig.compile_options(): the mode's options plus parallel.inductor).
+    Per block (FSDP2) every block is one graph, so fullgraph always holds there.
+    """
+    options = options or None  # torch.compile: {} and None both mean the default mode
     if per_block:
         for block in _blocks(model):
-            block.compile(mode=mode, fullgraph=True)
+            block.compile(options=options, fullgraph=True)
         # the (B, T, V) loss outside the blocks: compiled alone so the fp32 upcast fuses into cross-entropy
-        model.loss_fn = torch.compile(model.loss_fn, mode=mode)
+        model.loss_fn = torch.compile(model.loss_fn, options=options)
     else:
-        model.compile(mode=mode)
+        model.compile(options=options, fullgraph=fullgraph)
 
 
 def apply_fsdp(
@@ -77,11 +102,12 @@ def parallelize(
     info: DistInfo,
     param_dtype: torch.dtype | None = None,
 ) -> nn.Module:
-    """Apply AC -> compile -> FSDP2 | DDP in that order; returns the module to call (a DDP wrapper or `model`)."""
+    """Apply SDPA -> AC -> compile -> FSDP2 | DDP in that order; returns the module to call (DDP wrapper or `model`)."""
+    apply_sdpa(model, cfg.sdpa_backend)
     if cfg.activation_checkpointing:
         apply_ac(model)
     if cfg.compile:
-        apply_compile(model, per_block=cfg.mode == "fsdp2", mode=cfg.compile_mode)
+        apply_compile(model, per_block=cfg.mode == "fsdp2", options=cfg.compile_options(), fullgraph=cfg.fullgraph)
     if cfg.mode == "fsdp2":
         apply_fsdp(model, info, param_dtype, cfg.reshard_after_forward)
         return model

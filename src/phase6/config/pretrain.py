@@ -20,6 +20,20 @@ PARALLEL_MODES = ("ddp", "fsdp2")
 SANITY_MODES = ("none", "overfit_batch")
 DTYPES = ("auto", "bf16", "fp32")
 COMPILE_MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
+SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+FUSED_CE = ("none", "liger")
+
+
+def flatten_options(options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"triton": {"cudagraphs": False}} -> {"triton.cudagraphs": False}: inductor's dotted option names (a Hydra
+    command-line key `parallel.inductor.triton.cudagraphs=false` arrives nested)."""
+    flat: dict[str, Any] = {}
+    for k, v in options.items():
+        if isinstance(v, dict):
+            flat.update(flatten_options(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
 
 
 def check_justify(group: Any, key: str) -> None:
@@ -51,11 +65,15 @@ class ModelConfig:
     """Biases in Linear/LayerNorm; HF GPT-2 checkpoints have them, so exports stay loadable."""
     dropout: float = 0.0
     """Dropout on attention and residual branches; 0 for single-epoch pretraining (nanoGPT, llm.c)."""
+    fused_ce: str = "none"
+    """'none': lm_head logits + cross-entropy (compiled); 'liger': Liger-Kernel's fused linear + cross-entropy
+    (Triton, CUDA only, optional dependency `liger-kernel`): no (B, T, V) logits in memory, same loss."""
     justify: dict[str, str] = field(default_factory=dict)
     """One-line justification + source per field name, rendered into results.md."""
 
     def __post_init__(self) -> None:
         check_justify(self, "model")
+        require(self.fused_ce in FUSED_CE, "model.fused_ce", f"must be one of {FUSED_CE}, got {self.fused_ce!r}")
         for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pad_vocab_multiple"):
             require(getattr(self, key) > 0, f"model.{key}", f"must be > 0, got {getattr(self, key)}")
         require(
@@ -149,6 +167,14 @@ class ParallelConfig:
     """torch.compile the model (whole model under DDP, per block under FSDP2); None = on for CUDA, off for CPU."""
     compile_mode: str | None = None
     """torch.compile mode (None = default; 'max-autotune-no-cudagraphs' tunes matmuls without CUDA graphs)."""
+    fullgraph: bool = False
+    """torch.compile(fullgraph=True): a graph break becomes an error instead of a silent slowdown."""
+    inductor: dict[str, Any] = field(default_factory=dict)
+    """Extra torch._inductor options passed through to torch.compile (e.g. coordinate_descent_tuning: true),
+    merged over the compile_mode's own options (torch._inductor.list_mode_options)."""
+    sdpa_backend: str = "auto"
+    """Attention kernel: 'auto' (PyTorch's priority order: flash on Hopper), or force 'flash', 'cudnn',
+    'efficient', 'math' (torch.nn.attention.sdpa_kernel); forcing one that cannot run is an error, not a fallback."""
     activation_checkpointing: bool = False
     """Recompute each block in backward to save activation memory (~+33% compute)."""
     reshard_after_forward: bool = True
@@ -164,6 +190,36 @@ class ParallelConfig:
             "parallel.compile_mode",
             f"must be one of {COMPILE_MODES}, got {self.compile_mode!r}",
         )
+        require(
+            self.sdpa_backend in SDPA_BACKENDS,
+            "parallel.sdpa_backend",
+            f"must be one of {SDPA_BACKENDS}, got {self.sdpa_backend!r}",
+        )
+        if self.inductor:
+            from torch._inductor import config as inductor_config
+
+            known = inductor_config.get_config_copy()
+            unknown = sorted(set(flatten_options(self.inductor)) - set(known))
+            require(not unknown, "parallel.inductor", f"unknown torch._inductor options {unknown}")
+
+    def compile_options(self) -> dict[str, Any]:
+        """The inductor options torch.compile gets: the compile_mode's options, then parallel.inductor over them
+        (torch.compile takes `mode` or `options`, not both, so the mode is expanded here)."""
+        from torch._inductor import list_mode_options
+
+        mode = self.compile_mode if self.compile_mode not in (None, "default") else None
+        return {**(list_mode_options(mode) if mode else {}), **flatten_options(self.inductor)}
+
+
+def check_perf_combination(model: ModelConfig, parallel: ParallelConfig) -> None:
+    """The Liger loss is Triton launched from Python (with a host sync): it runs outside the compiled graph, so
+    a whole-model fullgraph compile cannot contain it."""
+    require(
+        not (parallel.fullgraph and model.fused_ce != "none" and parallel.mode == "ddp"),
+        "parallel.fullgraph",
+        f"cannot be true with model.fused_ce={model.fused_ce} (the fused loss runs outside the compiled graph); "
+        "set parallel.fullgraph=false",
+    )
 
 
 @dataclass
@@ -180,6 +236,9 @@ class TrainConfig:
     """Optimizer steps of the run (sets the LR schedule length and the token budget)."""
     dtype: str = "auto"
     """'auto' = bf16 autocast on CUDA, fp32 on CPU; or force 'bf16' / 'fp32'."""
+    tf32: bool = False
+    """Allow TF32 tensor cores for fp32 matmuls (torch.backends.cuda.matmul.allow_tf32); under bf16 autocast no
+    matmul runs in fp32, so this only matters for dtype=fp32 runs."""
     val_every: int = 25
     """Val loss every N steps (and at the last step); 0 disables."""
     val_tokens: int = 8192
@@ -277,6 +336,7 @@ class PretrainRunConfig:
     def __post_init__(self) -> None:
         require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
         check_schedule(self.optim, self.train.max_steps)
+        check_perf_combination(self.model, self.parallel)
         if self.train.seq_len is None:
             self.train.seq_len = self.model.block_size
         require(

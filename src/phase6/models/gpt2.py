@@ -7,17 +7,24 @@ rename-free copy plus a transpose of the four Conv1D weights per block.
 Vocabulary: wte/lm_head have `padded_vocab_size` rows (50304 for GPT-2: a multiple of 64 for tensor cores), but
 only the first `vocab_size` (50257) logits are returned or scored. The padding rows therefore never change a
 loss, which makes HF import (50257 rows, zero-padded) and export (truncated) exact in both directions.
+
+Kernel choices that do not change the model are attributes set from outside: `attn.sdpa_backends`
+(phase6.parallel.apply_sdpa), `loss_fn` (a compiled copy under FSDP2) and, for model.fused_ce=liger, `fused_loss`
+(phase6.models.fused_ce), which scores the hidden states without materialising the logits.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from phase6.config.pretrain import ModelConfig
+from phase6.models.fused_ce import LigerLMLoss
 
 
 class CausalSelfAttention(nn.Module):
@@ -28,6 +35,9 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v projection
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        # None = PyTorch's priority order; phase6.parallel.apply_sdpa pins one kernel. Entered here (not around the
+        # blocks) so an activation-checkpointing recompute in backward runs the same kernel as the forward.
+        self.sdpa_backends: list[SDPBackend] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -36,7 +46,10 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
         # is_causal lets SDPA pick the flash / memory-efficient kernel without materialising a (T, T) mask
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        with sdpa_kernel(self.sdpa_backends) if self.sdpa_backends else nullcontext():
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -82,6 +95,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied input/output embedding (GPT-2)
         self.loss_fn = lm_loss  # phase6.parallel.apply_compile may swap in a compiled copy
+        self.fused_loss = LigerLMLoss(cfg.vocab_size, cfg.padded_vocab_size) if cfg.fused_ce == "liger" else None
         self.init_weights()
 
     @torch.no_grad()
@@ -123,6 +137,8 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         x = self.transformer.ln_f(x)
+        if targets is not None and self.fused_loss is not None:
+            return self.fused_loss(x, self.lm_head.weight, targets)  # scores rows < vocab_size, like the slice below
         logits = self.lm_head(x)[..., : self.cfg.vocab_size]  # (B, T, V): padding rows are never scored
         if targets is None:
             return logits
