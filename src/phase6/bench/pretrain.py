@@ -1,29 +1,84 @@
-"""`phase6 bench pretrain`: GPT-2 training-step throughput on one GPU, the same step through HF GPT2LMHeadModel in
-the same process, and 2-GPU DDP / FSDP2 scaling efficiency when two GPUs are visible. Prints a markdown table.
+"""`phase6 bench pretrain`: GPT-2 training-step throughput on one GPU. It measures the baseline, then each performance
+lever alone, then the winners combined (also at the training shape), the same step through HF GPT2LMHeadModel in
+the same process, and 2-GPU DDP / FSDP2 scaling of the combined config when two GPUs are visible. It prints one
+markdown table and writes it as JSON (--out).
 
-    phase6 bench pretrain                                  # default rows, ~6-8 min on one H200 (compilation included)
-    phase6 bench pretrain --only ours --batch-sizes 32,64 --compile-mode max-autotune-no-cudagraphs
-    phase6 bench pretrain --only multi                     # just the 2-GPU DDP / FSDP2 rows (needs 2 GPUs)
-    phase6 bench pretrain --device cpu --preset gpt2_tiny --seq-len 64 --steps 2 --only ours,hf   # code path on CPU
+    phase6 bench pretrain --out bench.json         # the default run: one H200, ~7 min including every compile
+    phase6 bench pretrain --rows baseline,levers --levers cudnn,liger            # trim the run
+    phase6 bench pretrain --rows multi --combine cudnn,autotune                  # the 2-GPU rows for a chosen config
+    phase6 bench pretrain --device cpu --preset gpt2_tiny --seq-len 32 --batch-size 2 --accum 2 --levers flash,tf32
+                                                                                 # the code path on CPU (no compile)
 
-What a row times: whole optimizer steps (grad-accumulation micro-steps of fwd + bwd in bf16 autocast, grad clip 1.0,
-fused AdamW, zero_grad) on synthetic tokens already on the device, after `--warmup` steps that include compilation;
-one host sync per step (like nanoGPT's bench.py `loss.item()`). tokens/s = tokens per step / median step time.
-MFU = tokens/s x FLOPs/token / (peak x GPUs), FLOPs/token = 6N + 12*L*H*Q*T (N = parameters without wpe;
-phase6.metrics.FLOPS_FORMULA), peak from configs/hardware/<--hardware>.yaml. Scaling efficiency = 2-GPU tokens/s /
-(2 x 1-GPU tokens/s at the same per-GPU batch and accumulation).
+Rows, in run order (`--rows` picks among baseline, hf, levers, combined, accum, multi):
+  baseline  ours, default torch.compile, SDPA auto, B=--batch-size (64), one micro-step per optimizer step
+  hf        HF GPT2LMHeadModel (attn_implementation=sdpa, vocab 50257 as shipped), compiled, B=--hf-batch-size (32)
+  levers    ours + each lever of --levers alone, at the baseline shape (table below)
+  combined  ours + every lever that beat the baseline by >= --min-gain-pct, at the baseline shape. Incompatible
+            winners are resolved in favour of the faster one: one SDPA backend; fullgraph is dropped next to liger.
+            `--combine a,b` names the levers instead.
+  accum     the combined config at B x --accum micro-steps (64 x 8 x 1024 = 524,288 tokens: the training step)
+  multi     the combined config under torchrun on 2 GPUs, DDP and FSDP2, B x --accum per GPU. Scaling efficiency is
+            2-GPU tokens/s / (2 x the accum row).
+A lever is a set of config overrides that projects/6a_pretrain/train.py honours too (the `overrides` line printed
+at the end is the combined config, ready for `phase6 pretrain ...`).
+
+What a row times: whole optimizer steps (micro-steps of fwd + bwd under bf16 autocast with fp32 master weights,
+grad clip 1.0, fused AdamW, zero_grad) on synthetic tokens already on the device, with one host sync on the loss
+per step (like nanoGPT's bench.py `loss.item()`). tokens/s = tokens per step / median step time over --steps steps.
+Those steps follow --warmup untimed steps. compile s = the warm-up steps' time minus warmup x the median step: the
+compile seen by this row. Inductor's on-disk caches are warmed by earlier rows, so a cold training start can
+compile longer. MFU = tokens/s x FLOPs/token / peak, FLOPs/token = 6N + 12*L*H*Q*T (N = parameters without wpe;
+phase6.metrics.FLOPS_FORMULA), peak from configs/hardware/<--hardware>.yaml.
+
+Budget: the default run must fit one ~8-minute GPU call. The rows baseline, hf, combined, accum and multi always
+run. A lever row runs only if its estimated time (compile_cost x the baseline's compile time + its steps) fits the
+time left in --budget-s after the remaining rows are reserved. Levers with isolate=True (max-autotune, whose
+compile time is open-ended) run in a child process that is killed at the time left. A skipped or killed row stays
+in the table with the reason.
+
+METHOD (predict, change, measure). Predictions for one H200, GPT-2 124M, B=64, T=1024. Measured before this bench:
+499k tokens/s = 131 ms/step, 43.2% MFU. The expected split of that step is about 78 ms of GEMMs (48.5 TFLOP at
+~620 TFLOP/s), ~13 ms of FA2 attention, ~7 ms of logits + cross-entropy (6.6 GB of bf16 logits read/written ~6
+times), ~25-30 ms of memory-bound LayerNorm / GELU / bias / residual kernels over a fp32 residual stream, and ~3 ms
+of clip + AdamW.
+  cudnn      +3..4%   cuDNN 9 attention on Hopper (FA3-style warp-specialised kernels) vs FA2 for head_dim 64:
+                      ~1.5x on the ~13 ms of attention.
+  liger      -6..0%   a memory lever: -6..8 GiB peak at B=64 (no logits), same or more HBM traffic (mask add, two-
+                      pass CE, 64 chunked fp32 grad_weight addmm ~20 GB), one host sync per micro-step.
+  fullgraph  0%       the whole-model graph has no break already. The flag turns a future break into an error.
+  autotune   +3..8%   max-autotune-no-cudagraphs: Triton GEMM templates with bias/GELU/residual fused into the
+                      epilogue instead of cuBLAS + separate kernels. Compile 2..5 min.
+  coord      +1..3%   coordinate-descent tuning of the block sizes of inductor's pointwise/reduction kernels
+                      (~25% of the step). Compile +30..90 s.
+  chunker    -3..+2%  inductor's auto-chunker (linear + CE in chunks, the compiled alternative to liger).
+                      Experimental. Off by default.
+  tf32       0%       no matmul runs in fp32 under bf16 autocast. Off by default.
+  flash      0%       'auto' already picks FA2 on Hopper in torch 2.11. Off by default.
+  Not levers:   allow_bf16_reduced_precision_reduction is already True by default. QKV already runs as one fused
+                GEMM with bias (c_attn). The [..., :50257] logits slice is fused into the compiled CE and its
+                backward. Checked in the AOT graph: the backward is one slice_scatter with no copy.
+  combined   +8..12%  ~540-560k tokens/s. Below the 650k target: what remains is memory-bound work that bf16
+                      autocast numerics (fp32 residual stream, biases) fix in place.
+  accum x8   = combined +0..1% (the optimizer and clip amortised over 8 micro-steps)
+  hf         ~417k (issue 3's measurement). DDP 2 GPUs: 97..99% scaling. FSDP2: 93..97%.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,7 +86,7 @@ import yaml
 
 from phase6 import metrics
 from phase6.config import CONFIG_DIR, HardwareConfig
-from phase6.config.pretrain import ModelConfig, OptimConfig, ParallelConfig
+from phase6.config.pretrain import ModelConfig, OptimConfig, ParallelConfig, check_perf_combination
 from phase6.dist import DistInfo, init_distributed, teardown
 from phase6.models.gpt2 import GPT
 from phase6.models.hf import hf_config_from
@@ -39,6 +94,129 @@ from phase6.optim import build_optimizer, clip_grad_norm
 from phase6.parallel import parallelize, set_grad_sync
 
 RESULT_TAG = "PHASE6_BENCH_JSON "
+ROWS = ("baseline", "hf", "levers", "combined", "accum", "multi")
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One performance knob: the config overrides it makes (the trainer reads the same fields) and its prediction."""
+
+    overrides: dict[str, Any]
+    """'model.<field>' / 'parallel.<field>' / 'train.tf32' -> value; 'parallel.inductor' dicts merge."""
+    predicted: str
+    """Predicted tokens/s change vs the baseline (the docstring gives the reasoning)."""
+    needs_cuda: bool = False
+    needs_compile: bool = False
+    compile_cost: float = 0.7
+    """Expected compile time of the row / the baseline's compile time (budget planning only)."""
+    isolate: bool = False
+    """Run in a child process killed at the time left (compile time open-ended)."""
+
+
+LEVERS: dict[str, Lever] = {
+    "cudnn": Lever({"parallel.sdpa_backend": "cudnn"}, "+3..4%", needs_cuda=True),
+    "liger": Lever({"model.fused_ce": "liger"}, "-6..0%", needs_cuda=True),
+    "fullgraph": Lever({"parallel.fullgraph": True}, "0%", needs_compile=True, compile_cost=0.3),
+    "autotune": Lever(
+        {"parallel.compile_mode": "max-autotune-no-cudagraphs"},
+        "+3..8%",
+        needs_compile=True,
+        compile_cost=4.0,
+        isolate=True,
+    ),
+    "coord": Lever(
+        {"parallel.inductor": {"coordinate_descent_tuning": True}}, "+1..3%", needs_compile=True, compile_cost=2.0
+    ),
+    "chunker": Lever({"parallel.inductor": {"auto_chunker.enable": True}}, "-3..+2%", needs_compile=True),
+    "tf32": Lever({"train.tf32": True}, "0%", compile_cost=0.5),
+    "flash": Lever({"parallel.sdpa_backend": "flash"}, "0%", compile_cost=0.3),
+    "efficient": Lever({"parallel.sdpa_backend": "efficient"}, "-10..-5%", needs_cuda=True),
+}
+DEFAULT_LEVERS = "cudnn,liger,fullgraph,autotune,coord"
+
+
+@dataclass
+class Setup:
+    """The configuration a row runs: the trainer's model and parallel groups after the levers' overrides."""
+
+    levers: tuple[str, ...]
+    model: ModelConfig
+    parallel: ParallelConfig
+    tf32: bool = False
+
+    def overrides(self) -> str:
+        """The same configuration as `phase6 pretrain` command-line overrides."""
+        items: list[str] = []
+        for name in self.levers:
+            for key, value in LEVERS[name].overrides.items():
+                if isinstance(value, dict):
+                    items += [f"+{key}.{k}={json.dumps(v)}" for k, v in value.items()]
+                else:
+                    items.append(f"{key}={json.dumps(value) if isinstance(value, bool) else value}")
+        return " ".join(items) or "(none: the defaults)"
+
+
+def build_setup(model: ModelConfig, parallel: ParallelConfig, levers: list[str] | tuple[str, ...]) -> Setup:
+    """Apply the levers' overrides in order (dataclasses.replace re-runs each group's validation)."""
+    setup = Setup((), model, parallel)
+    for name in levers:
+        if name not in LEVERS:
+            raise ValueError(f"--levers: unknown lever {name!r}; known: {', '.join(LEVERS)}")
+        for key, value in LEVERS[name].overrides.items():
+            group, attr = key.split(".", 1)
+            if group == "train":
+                setup.tf32 = bool(value)
+                continue
+            target = getattr(setup, group)
+            if isinstance(value, dict):
+                value = {**getattr(target, attr), **value}
+            setattr(setup, group, dataclasses.replace(target, **{attr: value}))
+        setup.levers = (*setup.levers, name)
+    check_perf_combination(setup.model, setup.parallel)
+    return setup
+
+
+def combine(ranked: list[str], model: ModelConfig, parallel: ParallelConfig) -> tuple[Setup, list[str]]:
+    """Add levers best-first. A lever that sets a key an earlier one already set (two SDPA backends), or that the
+    config rejects next to the earlier ones (fullgraph with liger), is dropped. Returns (setup, notes)."""
+    kept: list[str] = []
+    notes: list[str] = []
+    for name in ranked:
+        clash = [
+            k
+            for k in LEVERS[name].overrides
+            if any(k in LEVERS[o].overrides for o in kept) and k != "parallel.inductor"
+        ]
+        if clash:
+            notes.append(f"{name} dropped: {clash[0]} already set by a faster lever")
+            continue
+        try:
+            build_setup(model, parallel, [*kept, name])
+        except ValueError as e:
+            notes.append(f"{name} dropped: {e}")
+            continue
+        kept.append(name)
+    return build_setup(model, parallel, kept), notes
+
+
+def pick_winners(rows: dict[str, dict[str, Any]], baseline_tps: float, min_gain_pct: float) -> list[str]:
+    """Lever names whose row beat the baseline by >= min_gain_pct, fastest first."""
+    gains = {n: 100 * (r["tokens/s"] / baseline_tps - 1) for n, r in rows.items() if r.get("tokens/s")}
+    return sorted((n for n, g in gains.items() if g >= min_gain_pct), key=lambda n: -gains[n])
+
+
+class Budget:
+    """Wall-clock budget of the whole run (estimates decide which optional rows still fit)."""
+
+    def __init__(self, total_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total_s, self.clock, self.t0 = total_s, clock, clock()
+
+    def left(self) -> float:
+        return self.total_s - (self.clock() - self.t0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# timing one setup
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,26 +224,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--preset", default="gpt2_124m", help="model preset in configs/pretrain/model/")
     p.add_argument("--hardware", default="h200", help="peak FLOP/s source in configs/hardware/")
     p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch-sizes", default="32,64", help="micro-batch sizes of the single-GPU rows")
-    p.add_argument(
-        "--accum",
-        type=int,
-        default=8,
-        help="micro-steps per optimizer step of the training-shaped row (B=--multi-batch-size) and the 2-GPU rows",
-    )
+    p.add_argument("--batch-size", type=int, default=64, help="micro-batch of our rows (and per GPU in multi)")
+    p.add_argument("--accum", type=int, default=8, help="micro-steps per optimizer step of the accum / multi rows")
     p.add_argument("--hf-batch-size", type=int, default=32, help="micro-batch of the HF GPT2LMHeadModel row")
-    p.add_argument("--multi-batch-size", type=int, default=64, help="per-GPU micro-batch of the 2-GPU rows")
-    p.add_argument("--compile-mode", default=None, help="torch.compile mode (default | max-autotune-no-cudagraphs)")
-    p.add_argument("--no-compile", action="store_true", help="eager rows (compilation is on by default)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per row")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps per row (the first compiles)")
-    p.add_argument("--only", default="ours,hf,multi", help="comma list of: ours, hf, multi")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"comma list of: {', '.join(ROWS)}")
+    p.add_argument("--levers", default=DEFAULT_LEVERS, help=f"comma list of: {', '.join(LEVERS)}")
+    p.add_argument("--combine", default="auto", help="'auto' (the winners), 'none', or a comma list of levers")
+    p.add_argument("--min-gain-pct", type=float, default=1.0, help="a lever wins above this gain over the baseline")
+    p.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget of the run (optional rows)")
+    p.add_argument("--no-compile", action="store_true", help="eager rows (compilation is on by default on CUDA)")
+    p.add_argument("--steps", type=int, default=15, help="timed steps per row")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per row (the first compiles)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--worker", choices=["ddp", "fsdp2"], help=argparse.SUPPRESS)  # torchrun child
+    p.add_argument("--out", default=None, help="write the table as JSON here")
+    p.add_argument("--worker", choices=["single", "ddp", "fsdp2"], help=argparse.SUPPRESS)  # child process
+    p.add_argument("--worker-levers", default="", help=argparse.SUPPRESS)
+    p.add_argument("--worker-accums", default="1", help=argparse.SUPPRESS)
+    p.add_argument("--worker-label", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    bad = set(args.only.split(",")) - {"ours", "hf", "multi"}
+    bad = set(args.rows.split(",")) - set(ROWS)
     if bad:
-        raise ValueError(f"--only: unknown parts {sorted(bad)}; use ours, hf, multi")
+        raise ValueError(f"--rows: unknown rows {sorted(bad)}; use {', '.join(ROWS)}")
+    for flag, value in (("--levers", args.levers), ("--combine", args.combine)):
+        unknown = [n for n in value.split(",") if n and n not in LEVERS and n not in ("auto", "none")]
+        if unknown:
+            raise ValueError(f"{flag}: unknown levers {unknown}; known: {', '.join(LEVERS)}")
+    for flag in ("batch_size", "accum", "hf_batch_size", "steps", "warmup"):
+        if getattr(args, flag) < (0 if flag == "warmup" else 1):
+            raise ValueError(f"--{flag.replace('_', '-')}: must be positive, got {getattr(args, flag)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device visible (use --device cpu to exercise the code path)")
     return args
@@ -86,16 +272,15 @@ def synthetic(
     return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()  # (B, T) each
 
 
-def time_steps(step: Callable[[], torch.Tensor], warmup: int, steps: int) -> list[float]:
-    """Seconds per step, each ending in a host sync on the loss (as a training loop logging every step would)."""
-    for _ in range(warmup):
-        step().item()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step().item()
-        times.append(time.perf_counter() - t0)
-    return times
+def time_steps(step: Callable[[], torch.Tensor], warmup: int, steps: int) -> tuple[list[float], list[float]]:
+    """(warm-up, timed) seconds per step, each ending in a host sync on the loss (as a loop logging every step)."""
+    warm, times = [], []
+    for out, n in ((warm, warmup), (times, steps)):
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step().item()
+            out.append(time.perf_counter() - t0)
+    return warm, times
 
 
 def make_step(
@@ -127,9 +312,11 @@ def make_step(
 
 
 def row(
-    name: str,
+    label: str,
+    levers: str,
     B: int,
     accum: int,
+    warm: list[float],
     times: list[float],
     tokens: int,
     flops_tok: float,
@@ -140,7 +327,8 @@ def row(
     step_s = statistics.median(times)
     tps = tokens / step_s
     return {
-        "config": name,
+        "row": label,
+        "levers": levers,
         "B": B,
         "accum": accum,
         "GPUs": gpus,
@@ -149,7 +337,12 @@ def row(
         "tokens/s": tps,
         "MFU %": metrics.mfu_pct(tps, flops_tok, peak, gpus),
         "peak mem GiB": mem,
+        "compile s": max(0.0, sum(warm) - len(warm) * step_s),
     }
+
+
+def not_run(label: str, levers: str, B: int, accum: int, gpus: int, note: str) -> dict[str, Any]:
+    return {"row": label, "levers": levers, "B": B, "accum": accum, "GPUs": gpus, "note": note}
 
 
 def peak_mem(device: torch.device) -> float | None:
@@ -157,45 +350,50 @@ def peak_mem(device: torch.device) -> float | None:
 
 
 def reset(device: torch.device) -> None:
-    torch._dynamo.reset()  # each row compiles for its own shapes, never as a dynamic-shape graph
+    torch._dynamo.reset()  # each row compiles its own graphs, never as a dynamic-shape graph
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def bench_ours(
+def run_setup(
     args: argparse.Namespace,
-    mcfg: ModelConfig,
+    setup: Setup,
     info: DistInfo,
     peak: float,
-    settings: list[tuple[int, int]],
+    accums: list[int],
+    label: str,
     mode: str = "ddp",
 ) -> list[dict[str, Any]]:
-    """Our GPT through phase6.parallel (compile, DDP / FSDP2) and phase6.optim (fused AdamW): one row per
-    (micro-batch, accumulation) setting; settings with the same micro-batch share one compiled model."""
-    device, T = info.device, args.seq_len
+    """Our GPT through phase6.parallel (SDPA pin, compile, DDP / FSDP2) and phase6.optim (fused AdamW), one row per
+    accumulation setting; all share one compiled model (same micro-batch shape)."""
+    device, T, B = info.device, args.seq_len, args.batch_size
+    reset(device)
+    torch.backends.cuda.matmul.allow_tf32 = setup.tf32  # set for every row: no leak from the previous one
     use_bf16 = device.type == "cuda"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-    compile_on = not args.no_compile and device.type == "cuda"
     ocfg = OptimConfig(**{k: v for k, v in load_yaml("pretrain/optim", "adamw_tuned").items() if k != "name"})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = GPT(setup.model)
+    pmodel = parallelize(
+        model, dataclasses.replace(setup.parallel, mode=mode), info, torch.bfloat16 if use_bf16 else None
+    )
+    opt = build_optimizer(model, ocfg)
+    n = model.num_params() - model.transformer.wpe.weight.numel()
+    flops_tok = metrics.flops_per_token(n, setup.model.n_layer, setup.model.n_head, setup.model.head_dim, T)
+    batch = synthetic(setup.model.vocab_size, B, T, device, seed=info.rank)
+    levers = "+".join(setup.levers) or "-"
     rows = []
-    for B in dict.fromkeys(b for b, _ in settings):
-        reset(device)
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = GPT(mcfg)
-        pcfg = ParallelConfig(mode=mode, compile=compile_on, compile_mode=args.compile_mode)
-        pmodel = parallelize(model, pcfg, info, param_dtype=torch.bfloat16 if use_bf16 else None)
-        opt = build_optimizer(model, ocfg)
-        n = model.num_params() - model.transformer.wpe.weight.numel()
-        flops_tok = metrics.flops_per_token(n, mcfg.n_layer, mcfg.n_head, mcfg.head_dim, T)
-        batch = synthetic(mcfg.vocab_size, B, T, device, seed=info.rank)
-        for accum in [a for b, a in settings if b == B]:
-            times = time_steps(make_step(pmodel, model, opt, batch, accum, autocast), args.warmup, args.steps)
-            label = "phase6 GPT" + (f" {mode}" if info.distributed else "")
-            label += f" compiled ({args.compile_mode or 'default'})" if compile_on else " eager"
+    try:
+        for accum in accums:
+            warm, times = time_steps(make_step(pmodel, model, opt, batch, accum, autocast), args.warmup, args.steps)
+            name = label if accum == 1 else f"{label}, x{accum} accum"
             tokens = B * T * accum * info.world_size
-            rows.append(row(label, B, accum, times, tokens, flops_tok, peak, info.world_size, peak_mem(device)))
+            rows.append(
+                row(name, levers, B, accum, warm, times, tokens, flops_tok, peak, info.world_size, peak_mem(device))
+            )
+    finally:
         del model, pmodel, opt
     return rows
 
@@ -206,6 +404,7 @@ def bench_hf(args: argparse.Namespace, mcfg: ModelConfig, info: DistInfo, peak: 
 
     device, T, B = info.device, args.seq_len, args.hf_batch_size
     reset(device)
+    torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     config = hf_config_from(mcfg)  # the same network as ours, dropout off, vocab 50257 as HF ships it
     hf = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa").to(device)
@@ -213,47 +412,93 @@ def bench_hf(args: argparse.Namespace, mcfg: ModelConfig, info: DistInfo, peak: 
     opt = build_optimizer(hf, ocfg)
     compile_on = not args.no_compile and device.type == "cuda"
     if compile_on:
-        hf.compile(mode=args.compile_mode)
+        hf.compile()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     batch = synthetic(mcfg.vocab_size, B, T, device, seed=0)
     n = sum(p.numel() for p in hf.parameters()) - hf.transformer.wpe.weight.numel()
     flops_tok = metrics.flops_per_token(n, mcfg.n_layer, mcfg.n_head, mcfg.head_dim, T)
-    times = time_steps(make_step(hf, hf, opt, batch, 1, autocast, hf=True), args.warmup, args.steps)
-    label = "HF GPT2LMHeadModel sdpa" + (f" compiled ({args.compile_mode or 'default'})" if compile_on else " eager")
-    return row(label, B, 1, times, B * T, flops_tok, peak, 1, peak_mem(device))
+    warm, times = time_steps(make_step(hf, hf, opt, batch, 1, autocast, hf=True), args.warmup, args.steps)
+    label = "HF GPT2LMHeadModel sdpa" + (" compiled" if compile_on else " eager")
+    del hf, opt
+    return row(label, "-", B, 1, warm, times, B * T, flops_tok, peak, 1, peak_mem(device))
 
 
-def run_multi(argv: list[str], mode: str) -> dict[str, Any]:
-    """One 2-GPU row: this module under torchrun (a fresh process group per layout)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "phase6.bench.pretrain",
-        *argv,
-        "--worker",
-        mode,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+def run_child(
+    args: argparse.Namespace, worker: str, levers: tuple[str, ...], accums: list[int], label: str, timeout_s: float
+) -> list[dict[str, Any]]:
+    """Rows from a child process: `single` (one GPU, for isolate levers) or `ddp` / `fsdp2` under 2-process torchrun.
+    The child runs in its own process group, killed as a whole at timeout_s (torchrun's workers included)."""
+    child = [
+        "-m", "phase6.bench.pretrain",
+        "--preset", args.preset, "--hardware", args.hardware, "--seq-len", str(args.seq_len),
+        "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
+        "--device", args.device, "--worker", worker, "--worker-levers", ",".join(levers),
+        "--worker-accums", ",".join(map(str, accums)), "--worker-label", label,
+    ] + (["--no-compile"] if args.no_compile else [])  # fmt: skip
+    if worker != "single":
+        child = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *child]
+    proc = subprocess.Popen(
+        [sys.executable, *child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=max(1.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise TimeoutError(f"killed after {timeout_s:.0f} s (time left in --budget-s)") from None
+    lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"2-GPU {mode} bench failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        tail = (err.strip().splitlines() or ["no output"])[-1][:300]
+        raise RuntimeError(f"{worker} child failed (exit {proc.returncode}): {tail}")
     return json.loads(lines[-1][len(RESULT_TAG) :])
 
 
+def worker_main(args: argparse.Namespace, mcfg: ModelConfig, hw: HardwareConfig) -> list[dict[str, Any]]:
+    """Child process: the rows of one setup, JSON on (rank 0's) stdout."""
+    levers = [n for n in args.worker_levers.split(",") if n]
+    setup = build_setup(mcfg, base_parallel(args), levers)
+    accums = [int(a) for a in args.worker_accums.split(",")]
+    mode = "ddp" if args.worker == "single" else args.worker
+    info = init_distributed(args.device) if args.worker != "single" else single_info(args)
+    try:
+        rows = run_setup(args, setup, info, hw.peak_bf16_tflops, accums, args.worker_label, mode=mode)
+    finally:
+        if args.worker != "single":
+            teardown()
+    if info.is_main:
+        print(RESULT_TAG + json.dumps(rows), flush=True)
+    return rows
+
+
+def single_info(args: argparse.Namespace) -> DistInfo:
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return DistInfo(rank=0, local_rank=0, world_size=1, device=device)
+
+
+def base_parallel(args: argparse.Namespace) -> ParallelConfig:
+    return ParallelConfig(mode="ddp", compile=not args.no_compile and args.device == "cuda")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the table
+
+
+COLUMNS = ("row", "levers", "B", "accum", "GPUs", "tokens/step", "step ms", "tokens/s", "vs baseline %", "MFU %")
+COLUMNS += ("peak mem GiB", "compile s", "scaling eff %", "predicted", "note")
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
-    cols = list(dict.fromkeys(k for r in rows for k in r))
+    present = {k for r in rows for k in r}
+    cols = [c for c in COLUMNS if c in present] + sorted(present - set(COLUMNS))
 
     def fmt(v: Any) -> str:
         if v is None:
             return "-"
         if isinstance(v, float):
             return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
-        return str(v)
+        return str(v).replace("|", "/")
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     return "\n".join(lines + ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows])
@@ -266,45 +511,166 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.seq_len > mcfg.block_size:
         raise ValueError(f"--seq-len {args.seq_len} exceeds {args.preset} block_size {mcfg.block_size}")
     hw = HardwareConfig(**load_yaml("hardware", args.hardware))
-    multi_base = (args.multi_batch_size, args.accum)
-    if args.worker:  # torchrun child: one distributed row, JSON on rank 0's stdout
-        info = init_distributed(args.device)
-        try:
-            rows = bench_ours(args, mcfg, info, hw.peak_bf16_tflops, [multi_base], mode=args.worker)
-        finally:
-            teardown()
-        if info.is_main:
-            print(RESULT_TAG + json.dumps(rows[-1]), flush=True)
-        return rows
-    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
-    info = DistInfo(rank=0, local_rank=0, world_size=1, device=device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    only = set(args.only.split(","))
+    if args.worker:
+        return worker_main(args, mcfg, hw)
+
+    budget = Budget(args.budget_s)
+    info = single_info(args)
+    device, peak, B, A = info.device, hw.peak_bf16_tflops, args.batch_size, args.accum
+    wanted = set(args.rows.split(","))
+    lever_names = [n for n in args.levers.split(",") if n] if "levers" in wanted else []
+    two_gpus = device.type == "cpu" or torch.cuda.device_count() >= 2  # on CPU the 2 processes run over gloo
+    compile_on = base_parallel(args).compile
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(
         f"# phase6 bench pretrain: {args.preset}, T={args.seq_len}, {gpu}, torch {torch.__version__}, "
-        f"peak {hw.peak_bf16_tflops} TFLOP/s ({hw.name}); MFU formula {metrics.FLOPS_FORMULA}",
+        f"peak {peak} TFLOP/s ({hw.name}), MFU formula {metrics.FLOPS_FORMULA}; budget {args.budget_s:.0f} s",
         flush=True,
     )
-    settings = [(int(b), 1) for b in args.batch_sizes.split(",")] if "ours" in only else []
-    if (("ours" in only and args.accum > 1) or "multi" in only) and multi_base not in settings:
-        settings.append(multi_base)  # the training-shaped row, and the 1-GPU base of the scaling efficiency
-    rows = bench_ours(args, mcfg, info, hw.peak_bf16_tflops, settings) if settings else []
-    if rows:
-        print(markdown(rows), flush=True)
-    if "hf" in only:
-        rows.append(bench_hf(args, mcfg, info, hw.peak_bf16_tflops))
-    # on CPU the 2-process rows run over gloo: they check the code path, not NVLink scaling
-    if "multi" in only and (device.type == "cpu" or torch.cuda.device_count() >= 2):
-        base = next(r for r in rows if (r["B"], r["accum"], r["GPUs"]) == (*multi_base, 1))
-        for mode in ("ddp", "fsdp2"):
-            r = run_multi(argv, mode)
-            r["scaling eff %"] = 100 * r["tokens/s"] / (2 * base["tokens/s"])
+    rows: list[dict[str, Any]] = []
+
+    def add(new: list[dict[str, Any]]) -> None:
+        for r in new:
             rows.append(r)
-    elif "multi" in only:
+            shown = {k: r.get(k) for k in ("tokens/s", "MFU %", "compile s", "peak mem GiB", "note") if k in r}
+            print(f"  [{args.budget_s - budget.left():5.0f} s] {r['row']} ({r['levers']}): {shown}", flush=True)
+
+    def attempt(label: str, levers: str, accums: list[int], gpus: int, fn: Callable[[], list[dict[str, Any]]]) -> None:
+        try:
+            add(fn())
+        except Exception as e:  # a row that fails stays in the table with its reason; the other rows still run
+            reset(device)
+            note = f"error: {type(e).__name__}: {str(e).strip().splitlines()[0][:240] if str(e).strip() else ''}"
+            add([not_run(label if a == 1 else f"{label}, x{a} accum", levers, B, a, gpus, note) for a in accums])
+
+    # 1. baseline: the reference of every lever and of the budget estimates
+    base_setup = build_setup(mcfg, base_parallel(args), [])
+    if wanted & {"baseline", "levers"} or (args.combine == "auto" and "combined" in wanted):
+        attempt("ours baseline", "-", [1], 1, partial(run_setup, args, base_setup, info, peak, [1], "ours baseline"))
+    base = rows[0] if rows and rows[0].get("tokens/s") else None
+    compile_ref = max(base["compile s"], 1.0) if base else 60.0
+    step_ref = base["step ms"] / 1000 if base else 0.15
+    # 2. the HF reference
+    if "hf" in wanted:
+        attempt("HF GPT2LMHeadModel", "-", [1], 1, lambda: [bench_hf(args, mcfg, info, peak)])
+
+    def timing_s(accum: int) -> float:
+        return (args.warmup + args.steps) * step_ref * accum
+
+    def multi_reserve_s() -> float:
+        """torchrun start-up + compile + steps, per mode."""
+        return 2 * (20.0 + 1.2 * compile_ref + timing_s(A)) if "multi" in wanted and two_gpus else 0.0
+
+    def reserve_s() -> float:
+        """Estimated time of the rows that always run after the levers (combined, accum, multi)."""
+        combined = compile_ref + timing_s(1) + timing_s(A) if wanted & {"combined", "accum", "multi"} else 0.0
+        return combined + multi_reserve_s()
+
+    # 3. each lever alone
+    lever_rows: dict[str, dict[str, Any]] = {}
+    lever_compile: dict[str, float] = {}
+    for name in lever_names:
+        lever, label = LEVERS[name], f"ours + {name}"
+        left = budget.left() - reserve_s()
+        estimate = lever.compile_cost * compile_ref + timing_s(1)
+        floor = compile_ref + timing_s(1)  # an isolated lever compiles at least as long as the baseline
+        skip = None
+        if base is None:
+            skip = "skipped: no baseline row to compare with"
+        elif lever.needs_cuda and device.type != "cuda":
+            skip = "skipped: needs CUDA"
+        elif lever.needs_compile and not compile_on:
+            skip = "skipped: needs torch.compile (off: --no-compile or CPU)"
+        elif (estimate if not lever.isolate else floor) > left:
+            skip = f"skipped: est. {estimate:.0f} s > {max(left, 0):.0f} s left in --budget-s"
+        if skip:
+            add([{**not_run(label, name, B, 1, 1, skip), "predicted": lever.predicted}])
+            continue
+        setup = build_setup(mcfg, base_parallel(args), [name])
+        if lever.isolate:
+            reset(device)  # free this process's cached GPU memory for the child
+            attempt(label, name, [1], 1, partial(run_child, args, "single", setup.levers, [1], label, left))
+        else:
+            attempt(label, name, [1], 1, partial(run_setup, args, setup, info, peak, [1], label))
+        rows[-1]["predicted"] = lever.predicted
+        if rows[-1].get("tokens/s"):
+            lever_rows[name] = rows[-1]
+            lever_compile[name] = rows[-1]["compile s"]
+
+    # 4. combined (+ the training-shaped accumulation row, the 1-GPU base of the scaling efficiency)
+    combined_setup, notes = base_setup, []
+    if args.combine == "auto":
+        winners = pick_winners(lever_rows, base["tokens/s"], args.min_gain_pct) if base else []
+        combined_setup, notes = combine(winners, mcfg, base_parallel(args))
+    elif args.combine != "none":
+        combined_setup = build_setup(mcfg, base_parallel(args), args.combine.split(","))
+    accums = [1] if "combined" in wanted else []
+    if wanted & {"accum", "multi"} and A not in accums:
+        accums.append(A)
+    label = "ours combined"
+    if accums:
+        levers = "+".join(combined_setup.levers) or "-"
+        isolated = [n for n in combined_setup.levers if LEVERS[n].isolate]
+        left = budget.left() - multi_reserve_s()
+        # an isolated lever's tuning results sit in inductor's on-disk caches now: expect ~40% of its compile again
+        estimate = max([compile_ref] + [0.4 * lever_compile.get(n, 4 * compile_ref) for n in isolated])
+        estimate += timing_s(1) + timing_s(A)
+        if isolated and estimate <= left:
+            reset(device)
+            attempt(
+                label, levers, accums, 1, partial(run_child, args, "single", combined_setup.levers, accums, label, left)
+            )
+        if isolated and not rows[-1].get("tokens/s") or isolated and estimate > left:
+            why = rows[-1]["note"] if estimate <= left else f"est. {estimate:.0f} s > {max(left, 0):.0f} s left"
+            kept = tuple(n for n in combined_setup.levers if n not in isolated)
+            notes.append(f"without {'+'.join(isolated)} ({why})")
+            combined_setup = build_setup(mcfg, base_parallel(args), kept)
+            levers = "+".join(kept) or "-"
+            isolated = []
+        if not isolated:
+            attempt(label, levers, accums, 1, partial(run_setup, args, combined_setup, info, peak, accums, label))
+        if notes:
+            rows[-1]["note"] = "; ".join([rows[-1].get("note", ""), *notes]).strip("; ")
+    one_gpu = next((r for r in rows if r["row"].startswith(label) and r["accum"] == A and r["GPUs"] == 1), None)
+
+    # 5. 2-GPU DDP / FSDP2 with the combined config
+    if "multi" in wanted and two_gpus:
+        for mode in ("ddp", "fsdp2"):
+            mlabel = f"ours combined {mode.upper()}"
+            timeout = max(budget.left(), 120.0)  # required rows: run even past the budget, but never unbounded
+            attempt(
+                mlabel,
+                "+".join(combined_setup.levers) or "-",
+                [A],
+                2,
+                partial(run_child, args, mode, combined_setup.levers, [A], mlabel, timeout),
+            )
+            if one_gpu and one_gpu.get("tokens/s") and rows[-1].get("tokens/s"):
+                rows[-1]["scaling eff %"] = 100 * rows[-1]["tokens/s"] / (2 * one_gpu["tokens/s"])
+    elif "multi" in wanted:
         print("(2-GPU rows skipped: fewer than 2 CUDA devices visible)", flush=True)
+
+    if base:
+        for r in rows:
+            if r.get("tokens/s"):
+                r["vs baseline %"] = 100 * (r["tokens/s"] / base["tokens/s"] - 1)
     print("\n" + markdown(rows), flush=True)
+    print(f"\ncombined config as training overrides: {combined_setup.overrides()}", flush=True)
+    print(f"wall time {args.budget_s - budget.left():.0f} s of --budget-s {args.budget_s:.0f}", flush=True)
+    if args.out:
+        report = {
+            "preset": args.preset,
+            "seq_len": args.seq_len,
+            "device_name": gpu,
+            "torch": torch.__version__,
+            "peak_tflops": peak,
+            "flops_formula": metrics.FLOPS_FORMULA,
+            "combined_levers": list(combined_setup.levers),
+            "combined_overrides": combined_setup.overrides(),
+            "wall_s": args.budget_s - budget.left(),
+            "rows": rows,
+        }
+        Path(args.out).write_text(json.dumps(report, indent=2))
     return rows
 
 
