@@ -7,6 +7,7 @@ name the key). The `gpu` tests check Liger-Kernel itself and cuDNN attention aga
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -53,7 +54,7 @@ class ReferenceFusedCE:
 def test_fused_ce_mask_scores_only_the_real_vocabulary(monkeypatch: pytest.MonkeyPatch) -> None:
     """GPT's fused path hands the full padded weight and a -inf bias on padding rows: same loss and gradients as
     the sliced logits path, and the padding rows get exactly zero gradient."""
-    monkeypatch.setattr(fused_ce, "LigerFusedLinearCrossEntropyLoss", ReferenceFusedCE)
+    monkeypatch.setattr(fused_ce, "load_liger", lambda: ReferenceFusedCE)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the stand-in runs on CPU, as Liger's kernels do interpreted
     torch.manual_seed(0)
     ref = GPT(CFG)
@@ -72,10 +73,10 @@ def test_fused_ce_mask_scores_only_the_real_vocabulary(monkeypatch: pytest.Monke
 
 
 def test_fused_ce_errors_name_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fused_ce, "LigerFusedLinearCrossEntropyLoss", None)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", None)  # as if not installed: import fails
     with pytest.raises(ValueError, match=r"^model\.fused_ce: 'liger' needs the liger-kernel package"):
         GPT(dataclasses.replace(CFG, fused_ce="liger"))
-    monkeypatch.setattr(fused_ce, "LigerFusedLinearCrossEntropyLoss", ReferenceFusedCE)
+    monkeypatch.setattr(fused_ce, "load_liger", lambda: ReferenceFusedCE)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     model = GPT(dataclasses.replace(CFG, fused_ce="liger"))
     with pytest.raises(ValueError, match=r"^model\.fused_ce: 'liger' runs Triton GPU kernels"):

@@ -489,17 +489,17 @@ COLUMNS = ("row", "levers", "B", "accum", "GPUs", "tokens/step", "step ms", "tok
 COLUMNS += ("peak mem GiB", "compile s", "scaling eff %", "predicted", "note")
 
 
+def fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v).replace("|", "/")
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     present = {k for r in rows for k in r}
     cols = [c for c in COLUMNS if c in present] + sorted(present - set(COLUMNS))
-
-    def fmt(v: Any) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
-        return str(v).replace("|", "/")
-
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     return "\n".join(lines + ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows])
 
@@ -532,16 +532,23 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     def add(new: list[dict[str, Any]]) -> None:
         for r in new:
             rows.append(r)
-            shown = {k: r.get(k) for k in ("tokens/s", "MFU %", "compile s", "peak mem GiB", "note") if k in r}
-            print(f"  [{args.budget_s - budget.left():5.0f} s] {r['row']} ({r['levers']}): {shown}", flush=True)
+            keys = ("tokens/s", "MFU %", "compile s", "peak mem GiB", "note")
+            shown = ", ".join(f"{k} {fmt(r[k])}" for k in keys if r.get(k) is not None)
+            print(f"  [{args.budget_s - budget.left():4.0f} s] {r['row']} ({r['levers']}): {shown}", flush=True)
 
     def attempt(label: str, levers: str, accums: list[int], gpus: int, fn: Callable[[], list[dict[str, Any]]]) -> None:
+        """Run one row group; one that fails stays in the table with its reason and the other rows still run."""
+        note = None
         try:
-            add(fn())
-        except Exception as e:  # a row that fails stays in the table with its reason; the other rows still run
-            reset(device)
-            note = f"error: {type(e).__name__}: {str(e).strip().splitlines()[0][:240] if str(e).strip() else ''}"
-            add([not_run(label if a == 1 else f"{label}, x{a} accum", levers, B, a, gpus, note) for a in accums])
+            new = fn()
+        except Exception as e:
+            msg = str(e).strip().splitlines()
+            note = f"error: {type(e).__name__}: {msg[0][:240] if msg else ''}"
+        if note is None:
+            add(new)
+            return
+        reset(device)  # after the except block: the traceback no longer holds the failed row's tensors
+        add([not_run(label if a == 1 else f"{label}, x{a} accum", levers, B, a, gpus, note) for a in accums])
 
     # 1. baseline: the reference of every lever and of the budget estimates
     base_setup = build_setup(mcfg, base_parallel(args), [])

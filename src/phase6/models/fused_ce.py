@@ -26,13 +26,16 @@ import os
 import torch
 from torch import nn
 
-try:  # optional dependency: the error names the key when it is asked for, not at import time
-    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-except ImportError as e:  # pragma: no cover - depends on the environment
-    LigerFusedLinearCrossEntropyLoss = None
-    LIGER_IMPORT_ERROR: ImportError | None = e
-else:
-    LIGER_IMPORT_ERROR = None
+
+def load_liger() -> type[nn.Module]:
+    """LigerFusedLinearCrossEntropyLoss, imported only when asked for (liger imports Triton); missing -> the key."""
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError as e:
+        raise ValueError(
+            f"model.fused_ce: 'liger' needs the liger-kernel package (pip install liger-kernel): {e}"
+        ) from None
+    return LigerFusedLinearCrossEntropyLoss
 
 
 class LigerLMLoss(nn.Module):
@@ -41,12 +44,7 @@ class LigerLMLoss(nn.Module):
 
     def __init__(self, vocab_size: int, padded_vocab_size: int) -> None:
         super().__init__()
-        if LigerFusedLinearCrossEntropyLoss is None:
-            raise ValueError(
-                f"model.fused_ce: 'liger' needs the liger-kernel package (pip install liger-kernel): "
-                f"{LIGER_IMPORT_ERROR}"
-            )
-        self.loss = LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="mean", accum_dtype=torch.float32)
+        self.loss = load_liger()(ignore_index=-100, reduction="mean", accum_dtype=torch.float32)
         mask = torch.zeros(padded_vocab_size)  # (Vp,): 0 = scored row, -inf = padding row
         mask[vocab_size:] = float("-inf")
         # not a parameter and not in the state_dict: checkpoints and HF exports are identical with and without it
