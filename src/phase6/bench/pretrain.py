@@ -662,7 +662,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             if r.get("tokens/s"):
                 r["vs baseline %"] = 100 * (r["tokens/s"] / base["tokens/s"] - 1)
     print("\n" + markdown(rows), flush=True)
-    print(f"\ncombined config as training overrides: {combined_setup.overrides()}", flush=True)
+    if accums:
+        print(f"\ncombined config as training overrides: {combined_setup.overrides()}", flush=True)
     print(f"wall time {args.budget_s - budget.left():.0f} s of --budget-s {args.budget_s:.0f}", flush=True)
     if args.out:
         report = {
