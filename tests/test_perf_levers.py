@@ -190,11 +190,11 @@ def gpu_batch(seq: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("bf16", [False, True])
-def test_liger_fused_ce_matches_the_sliced_loss_on_gpu(bf16: bool) -> None:
+def test_liger_fused_ce_matches_the_sliced_loss_on_gpu(bf16: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Liger-Kernel over the padded 50304-row weight with the -inf mask == logits[..., :50257] + cross-entropy.
     Tolerances: fp32 (TF32 off) 1e-5 on the loss; bf16 autocast 2e-3 on the loss, grads within bf16 rounding."""
     pytest.importorskip("liger_kernel")
-    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32 here
     ref, fused = gpu_pair(GPT2_VOCAB, fused_ce="liger")
     x, y = gpu_batch(64)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16)
@@ -214,8 +214,8 @@ def test_liger_fused_ce_matches_the_sliced_loss_on_gpu(bf16: bool) -> None:
 @pytest.mark.gpu
 @needs_gpu
 def test_compiled_liger_and_cudnn_train_like_the_default_on_gpu() -> None:
-    """The whole-model compile with the Liger graph break and cuDNN attention pinned: same bf16 loss as the
-    default compiled path within 2e-3, before and after one AdamW step."""
+    """The whole-model compile with the Liger graph break and cuDNN attention pinned: the default compiled path's
+    bf16 loss within 5e-3 at init and 1e-2 after one AdamW step (lr 1e-3 moves it by ~0.1: a wrong gradient shows)."""
     pytest.importorskip("liger_kernel")
     info = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0))
     ref, fast = gpu_pair(GPT2_VOCAB, fused_ce="liger")
@@ -235,5 +235,7 @@ def test_compiled_liger_and_cudnn_train_like_the_default_on_gpu() -> None:
             opt.zero_grad()
             seq.append(loss.item())
         losses.append(seq)
-    assert losses[1] == pytest.approx(losses[0], abs=2e-3)
+    assert losses[1][0] == pytest.approx(losses[0][0], abs=5e-3)
+    assert losses[1][1] == pytest.approx(losses[0][1], abs=1e-2)
+    assert losses[0][0] - losses[0][1] > 2e-2  # the step moved the loss by more than the tolerance
     torch._dynamo.reset()

@@ -102,8 +102,14 @@ def test_budget_counts_down() -> None:
     assert budget.left() == pytest.approx(15.0)
 
 
-def test_child_is_killed_at_its_timeout() -> None:
+def test_child_rows_and_timeout() -> None:
+    """The child process path of isolated levers: its rows come back as JSON; at its timeout it is killed."""
     args = parse_args([*CPU, "--batch-size", "2"])
+    rows = run_child(args, "single", ("flash",), [1, 2], "ours + flash", 300)
+    assert [(r["row"], r["levers"], r["accum"]) for r in rows] == [
+        ("ours + flash", "flash", 1),
+        ("ours + flash, x2 accum", "flash", 2),
+    ]
     with pytest.raises(TimeoutError, match="killed after"):
         run_child(args, "single", (), [1], "x", 0.5)  # importing torch alone takes longer
 
