@@ -115,8 +115,16 @@ def test_mooncake_equal_hash_ids_give_equal_prefixes_and_time_scaling(tok, tmp_p
     assert [r.prompt_len for r in reqs] == [1100, 600, 300] and [r.output_len for r in reqs] == [7, 9, 5]
     ids0, ids1 = (tok.encode(r.prompt, add_special_tokens=False) for r in reqs[:2])
     assert ids0[:512] == ids1[:512] and ids0[512:1024] != ids1[512:1024]  # block 1 shared, block 2 differs
+    # rows go through the fleet's strict parser: one-line errors naming file:line, the same as `phase6 fleet`
     path.write_text('{"timestamp": 0, "input_length": 5}\n')
-    with pytest.raises(ValueError, match=r"trace.jsonl:1: need timestamp, input_length, output_length"):
+    with pytest.raises(ValueError, match=r"trace.jsonl:1: missing field 'output_length'"):
+        load_mooncake(path, tok, 0)
+    path.write_text('{"timestamp": 9, "input_length": 5, "output_length": 2, "hash_ids": [1]}\n'
+                    '{"timestamp": 3, "input_length": 5, "output_length": 2, "hash_ids": [2]}\n')
+    with pytest.raises(ValueError, match=r"trace.jsonl:2: timestamps not sorted"):
+        load_mooncake(path, tok, 0)
+    path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [1]}\n')
+    with pytest.raises(ValueError, match=r"trace.jsonl:1: hash_ids has 1 blocks but input_length 600"):
         load_mooncake(path, tok, 0)
 
 
@@ -129,10 +137,13 @@ def test_azure_trace_times_and_errors(tok, tmp_path: Path) -> None:
     assert reqs[1].trace_time_s == pytest.approx(2 * 4.314579, abs=1e-5)
     assert [r.prompt_len for r in reqs] == [374, 96]
     path.write_text("TIMESTAMP,Context\n1,2\n")
-    with pytest.raises(ValueError, match=r"azure.csv: missing CSV columns \['ContextTokens', 'GeneratedTokens'\]"):
+    with pytest.raises(ValueError, match=r"azure.csv:1: missing column\(s\) ContextTokens, GeneratedTokens"):
         load_azure(path, tok, 0)
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n")
-    with pytest.raises(ValueError, match="azure.csv:2: bad TIMESTAMP"):
+    with pytest.raises(ValueError, match="azure.csv:2: TIMESTAMP 'yesterday' is not"):
+        load_azure(path, tok, 0)
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,0,3\n")
+    with pytest.raises(ValueError, match="azure.csv:2: input length must be an integer >= 1, got 0"):
         load_azure(path, tok, 0)
 
 

@@ -7,16 +7,20 @@ Prefix blocks follow Mooncake's trace format (kvcache-ai/Mooncake FAST25-release
 the i-th 512-token block of the prompt, and ids are chained hashes, so an equal id means an equal *prefix* up to and
 including that block. ``len(hash_ids) == ceil(input_length / 512)`` holds for every row of the published traces.
 Traces without prefix information (Azure) get ``hash_ids = None``: their KV blocks are private and never hit.
+
+``iter_mooncake`` / ``iter_azure`` are the one strict parser of each trace format: the fleet's columnar loaders and
+6B's request lists (``phase6.serving.workload``, which adds prompt text) both read traces through them.
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -120,26 +124,35 @@ def _check_lengths(path: Path, line: int, inp: object, out: object) -> None:
         raise ValueError(f"{where}: output length must be an integer >= 1, got {out!r}")
 
 
-def load_mooncake(path: str | Path, limit: int | None = None) -> Workload:
-    """Read a Mooncake FAST'25 JSONL trace: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    """One validated row of a request trace; the only parse of each trace format (fleet and 6B both use it)."""
+
+    line: int
+    """1-based line of the file (error messages and derived per-row seeds name it)."""
+    time_s: float
+    """Arrival time in seconds on the trace's own clock (Mooncake: ms / 1000; Azure: UTC epoch seconds)."""
+    input_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...] | None
+    """Mooncake: ids of the prompt's 512-token prefix blocks (chained); Azure: None."""
+
+
+def iter_mooncake(path: str | Path) -> Iterator[TraceRow]:
+    """Rows of a Mooncake FAST'25 JSONL trace: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
 
     Any missing field, a negative or non-integer length, an unsorted timestamp or a ``hash_ids`` list whose length
-    is not ``ceil(input_length / 512)`` raises a one-line ``ValueError`` naming ``file:line``.
+    is not ``ceil(input_length / 512)`` raises a one-line ``ValueError`` naming ``file:line``. Lazy: a caller that
+    stops early does not read (or check) the rest of the file.
     """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: Mooncake trace not found")
-    ts: list[float] = []
-    inp: list[int] = []
-    out: list[int] = []
-    hid: list[tuple[int, ...]] = []
     prev = 0.0
     with path.open() as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            if limit is not None and len(ts) >= limit:
-                break
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
@@ -167,40 +180,30 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> Workload:
                                  f"{row['input_length']} needs ceil(/{BLOCK_TOKENS}) = "
                                  f"{math.ceil(row['input_length'] / BLOCK_TOKENS)}")
             prev = t_s
-            ts.append(t_s)
-            inp.append(row["input_length"])
-            out.append(row["output_length"])
-            hid.append(tuple(h))
-    if not ts:
-        raise ValueError(f"{path}: trace has no requests")
-    arr = np.asarray(ts, dtype=np.float64)
-    # Session key: the first block id names the conversation / system prompt the request continues.
-    sess = np.asarray([h[0] if h else -1 - i for i, h in enumerate(hid)], dtype=np.int64)
-    return Workload(arr - arr[0], np.asarray(inp, dtype=np.int64), np.asarray(out, dtype=np.int64), sess, hid,
-                    str(path))
+            yield TraceRow(line_no, t_s, row["input_length"], row["output_length"], tuple(h))
 
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 def _parse_azure_time(s: str) -> float:
-    # 7 fractional digits ("2023-11-16 18:17:03.9799600"): datetime takes at most 6.
+    # 7 fractional digits ("2023-11-16 18:17:03.9799600"): datetime takes at most 6. UTC, so that a daylight-saving
+    # change of the machine's zone cannot open or close an hour inside a trace.
     head, _, frac = s.strip().partition(".")
-    base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").timestamp()
+    base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
     return base + (float("0." + frac) if frac else 0.0)
 
 
-def load_azure(path: str | Path, limit: int | None = None) -> Workload:
-    """Read an Azure LLM inference trace CSV (Splitwise, ISCA'24): ``TIMESTAMP,ContextTokens,GeneratedTokens``.
+def iter_azure(path: str | Path) -> Iterator[TraceRow]:
+    """Rows of an Azure LLM inference trace CSV (Splitwise, ISCA'24): ``TIMESTAMP,ContextTokens,GeneratedTokens``.
 
-    No prefix information: ``hash_ids`` is None and every request is its own session.
+    A missing column or field, a bad timestamp, a non-integer or < 1 length or an unsorted timestamp raises a
+    one-line ``ValueError`` naming ``file:line``. No prefix information: ``hash_ids`` is None. Lazy, like
+    :func:`iter_mooncake`.
     """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: Azure trace not found")
-    ts: list[float] = []
-    inp: list[int] = []
-    out: list[int] = []
     prev = -math.inf
     with path.open(newline="") as f:
         reader = csv.reader(f)
@@ -215,8 +218,6 @@ def load_azure(path: str | Path, limit: int | None = None) -> Workload:
         for line_no, row in enumerate(reader, start=2):
             if not row:
                 continue
-            if limit is not None and len(ts) >= limit:
-                break
             if len(row) < len(header):
                 raise ValueError(f"{path}:{line_no}: expected {len(header)} fields, got {len(row)}")
             vals = [row[c].strip() for c in col]
@@ -237,15 +238,36 @@ def load_azure(path: str | Path, limit: int | None = None) -> Workload:
                 raise ValueError(f"{path}:{line_no}: timestamps not sorted ({vals[0]} is earlier than the row "
                                  f"before); sort the trace by arrival")
             prev = t
-            ts.append(t)
-            inp.append(a)
-            out.append(b)
-    if not ts:
+            yield TraceRow(line_no, t, a, b, None)
+
+
+def load_mooncake(path: str | Path, limit: int | None = None) -> Workload:
+    """The first ``limit`` rows (all if None) of a Mooncake trace (:func:`iter_mooncake`) as columns.
+
+    Session key: the first block id, which names the conversation / system prompt the request continues.
+    """
+    rows = list(itertools.islice(iter_mooncake(path), limit))
+    if not rows:
         raise ValueError(f"{path}: trace has no requests")
-    arr = np.asarray(ts, dtype=np.float64)
-    n = len(arr)
-    return Workload(arr - arr[0], np.asarray(inp, dtype=np.int64), np.asarray(out, dtype=np.int64),
-                    np.arange(n, dtype=np.int64), None, str(path))
+    arr = np.asarray([r.time_s for r in rows], dtype=np.float64)
+    hid = [r.hash_ids or () for r in rows]
+    sess = np.asarray([h[0] if h else -1 - i for i, h in enumerate(hid)], dtype=np.int64)
+    return Workload(arr - arr[0], np.asarray([r.input_tokens for r in rows], dtype=np.int64),
+                    np.asarray([r.output_tokens for r in rows], dtype=np.int64), sess, hid, str(path))
+
+
+def load_azure(path: str | Path, limit: int | None = None) -> Workload:
+    """The first ``limit`` rows (all if None) of an Azure trace (:func:`iter_azure`) as columns.
+
+    No prefix information: ``hash_ids`` is None and every request is its own session.
+    """
+    rows = list(itertools.islice(iter_azure(path), limit))
+    if not rows:
+        raise ValueError(f"{path}: trace has no requests")
+    arr = np.asarray([r.time_s for r in rows], dtype=np.float64)
+    return Workload(arr - arr[0], np.asarray([r.input_tokens for r in rows], dtype=np.int64),
+                    np.asarray([r.output_tokens for r in rows], dtype=np.int64), np.arange(len(rows), dtype=np.int64),
+                    None, str(path))
 
 
 @dataclass

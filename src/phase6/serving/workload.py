@@ -9,6 +9,9 @@ Loaders (each returns ``list[BenchRequest]``, prompt/output lengths counted with
 - ``load_mooncake``: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``); each
   512-token block's text is derived from its hash id, so equal ids give equal prefixes (prefix-cache reuse).
 - ``load_azure``: Azure LLM inference CSV (``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``).
+  Both trace formats are parsed by the fleet simulator's strict row parsers (``phase6.fleet.workload.iter_mooncake``
+  / ``iter_azure``: one parser per format, so 6B and the fleet replay the same rows); only the prompt text is added
+  here.
 
 Schedules (``build_schedule``, seconds after the run start): closed loop = all at 0 (a semaphore gates them);
 gamma inter-arrivals with shape k = burstiness and mean 1/rate, rescaled so the last arrival is exactly N/rate
@@ -18,20 +21,18 @@ trace = the trace's own timestamps times ``time_scale``.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from phase6.config.serve import LengthDist
-
-MOONCAKE_BLOCK_TOKENS = 512  # Mooncake FAST25-release README: one hash id per 512-token prefix block
+from phase6.fleet.workload import BLOCK_TOKENS, TraceRow, iter_azure, iter_mooncake
 
 
 class TokenizerLike(Protocol):
@@ -189,52 +190,50 @@ def _mooncake_block(tok: TokenizerLike, pool: np.ndarray, hash_id: int, seed: in
     """Token ids of one 512-token prefix block, a pure function of (hash id, seed)."""
     digest = hashlib.sha256(f"{seed}:{hash_id}".encode()).digest()
     rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
-    return rng.choice(pool, size=MOONCAKE_BLOCK_TOKENS).tolist()
+    return rng.choice(pool, size=BLOCK_TOKENS).tolist()
+
+
+def _trace_requests(rows: Iterator[TraceRow], text: Callable[[TraceRow], str], tok: TokenizerLike,
+                    time_scale: float, max_rows: int | None,
+                    max_total_len: int | None) -> tuple[list[BenchRequest], int, float | None]:
+    """Validated trace rows -> requests with prompt text and scaled trace times (origin: the file's first row).
+
+    Returns (requests, rows dropped for max_total_len, first row's time); stops reading after ``max_rows`` kept.
+    """
+    out: list[BenchRequest] = []
+    dropped = 0
+    t0: float | None = None
+    for row in rows:
+        if t0 is None:
+            t0 = row.time_s
+        if max_total_len is not None and row.input_tokens + row.output_tokens > max_total_len:
+            dropped += 1
+            continue
+        prompt = text(row)
+        out.append(BenchRequest(len(out), prompt, len(_encode(tok, prompt)), row.output_tokens,
+                                (row.time_s - t0) * time_scale))
+        if max_rows is not None and len(out) == max_rows:
+            break
+    return out, dropped, t0
 
 
 def load_mooncake(path: str | Path, tok: TokenizerLike, seed: int, time_scale: float = 1.0,
                   max_rows: int | None = None, max_total_len: int | None = None) -> tuple[list[BenchRequest], int]:
-    """Mooncake trace rows -> requests with trace times; returns (requests, rows dropped for max_total_len)."""
-    path = Path(path)
+    """Mooncake trace rows (``phase6.fleet.workload.iter_mooncake``: strict, one-line errors naming file:line) ->
+    requests with trace times; returns (requests, rows dropped for max_total_len)."""
     pool = _content_ids(tok)
     blocks: dict[int, list[int]] = {}
-    out: list[BenchRequest] = []
-    dropped = 0
-    t0: float | None = None
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read Mooncake trace ({e.strerror})") from e
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            ts, n_in, n_out, hashes = (float(row["timestamp"]), int(row["input_length"]), int(row["output_length"]),
-                                       [int(h) for h in row.get("hash_ids", [])])
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}:{lineno}: need timestamp, input_length, output_length, hash_ids ({e})") from e
-        if n_in < 1 or n_out < 1:
-            raise ValueError(f"{path}:{lineno}: input_length and output_length must be >= 1")
-        if t0 is None:
-            t0 = ts
-        if max_total_len is not None and n_in + n_out > max_total_len:
-            dropped += 1
-            continue
+
+    def text(row: TraceRow) -> str:
+        assert row.hash_ids is not None  # the parser checked ceil(input / 512) ids: they cover the prompt
         ids: list[int] = []
-        for h in hashes:
+        for h in row.hash_ids:
             if h not in blocks:
                 blocks[h] = _mooncake_block(tok, pool, h, seed)
             ids.extend(blocks[h])
-        if len(ids) < n_in:  # fewer hash ids than blocks: fill the tail with request-specific tokens
-            rng = np.random.default_rng([seed, lineno])
-            ids.extend(rng.choice(pool, size=n_in - len(ids)).tolist())
-        text = _fit(tok, tok.decode(ids[:n_in], skip_special_tokens=True), n_in)
-        out.append(BenchRequest(len(out), text, len(_encode(tok, text)), n_out, (ts - t0) / 1000.0 * time_scale))
-        if max_rows is not None and len(out) == max_rows:
-            break
+        return _fit(tok, tok.decode(ids[: row.input_tokens], skip_special_tokens=True), row.input_tokens)
+
+    out, dropped, _ = _trace_requests(iter_mooncake(path), text, tok, time_scale, max_rows, max_total_len)
     if not out:
         raise ValueError(f"{path}: no usable rows (dropped {dropped} longer than {max_total_len} tokens)")
     return out, dropped
@@ -242,40 +241,17 @@ def load_mooncake(path: str | Path, tok: TokenizerLike, seed: int, time_scale: f
 
 def load_azure(path: str | Path, tok: TokenizerLike, seed: int, time_scale: float = 1.0,
                max_rows: int | None = None, max_total_len: int | None = None) -> tuple[list[BenchRequest], int]:
-    """Azure LLM inference CSV rows -> requests with trace times; returns (requests, rows dropped)."""
-    path = Path(path)
+    """Azure LLM inference CSV rows (``phase6.fleet.workload.iter_azure``: strict, one-line errors naming file:line)
+    -> requests with random whole-word prompts and trace times; returns (requests, rows dropped for max_total_len)."""
     pool = _content_ids(tok)
     rng = np.random.default_rng(seed)
-    out: list[BenchRequest] = []
-    dropped = 0
-    t0: datetime | None = None
-    try:
-        f = path.open(newline="")
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read Azure trace ({e.strerror})") from e
-    with f:
-        reader = csv.DictReader(f)
-        missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or [])
-        if missing:
-            raise ValueError(f"{path}: missing CSV columns {sorted(missing)}")
-        for rowno, row in enumerate(reader, 2):
-            try:
-                ts = datetime.fromisoformat(row["TIMESTAMP"].strip())
-                n_in, n_out = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"{path}:{rowno}: bad TIMESTAMP/ContextTokens/GeneratedTokens ({e})") from e
-            if t0 is None:
-                t0 = ts
-            if n_in < 1 or n_out < 1 or (max_total_len is not None and n_in + n_out > max_total_len):
-                dropped += 1
-                continue
-            text = random_text(tok, pool, n_in, rng)
-            t = (ts - t0).total_seconds() * time_scale
-            out.append(BenchRequest(len(out), text, len(_encode(tok, text)), n_out, t))
-            if max_rows is not None and len(out) == max_rows:
-                break
+
+    def text(row: TraceRow) -> str:
+        return random_text(tok, pool, row.input_tokens, rng)
+
+    out, dropped, _ = _trace_requests(iter_azure(path), text, tok, time_scale, max_rows, max_total_len)
     if not out:
-        raise ValueError(f"{path}: no usable rows (dropped {dropped})")
+        raise ValueError(f"{path}: no usable rows (dropped {dropped} longer than {max_total_len} tokens)")
     return out, dropped
 
 
