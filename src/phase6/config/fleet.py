@@ -242,12 +242,13 @@ class AnalysisConfig:
     rate_search_steps: int = 8
     """Bisection steps of a max-rate search."""
     compare_with: str | None = None
-    """A `phase6 serve-bench` results.json: replay its closed-loop rows in the simulator and report the errors."""
+    """A `phase6 serve-bench` run dir (or its results.json) or -m sweep dir: replay each closed-loop run's requests
+    in the simulator and report the errors (phase6.fleet.compare)."""
     compare_calibrate: bool = True
     """Fit step overhead and prefill MFU on the lowest-concurrency row before predicting the others."""
-    compare_lengths: str = "workload"
-    """Request lengths replayed per row: workload (the configured workload's requests, in order: mirror 6B's length
-    distribution there) | mean (every request at the row's mean prompt/output; closed loops then run in lockstep)."""
+    compare_lengths: str = "requests"
+    """Request lengths replayed per run: requests (the run's completed requests from its requests.jsonl, in send
+    order) | mean (every request at the run's mean prompt/output; closed loops then run in lockstep)."""
 
     def __post_init__(self) -> None:
         require(self.target_rate is None or self.target_rate > 0, "analysis.target_rate", f"must be > 0, got {self.target_rate}")
@@ -259,8 +260,8 @@ class AnalysisConfig:
                 f"must be a non-empty list of scales > 1, got {self.pd_slo_scales}")
         require(self.pd_replicas >= 2, "analysis.pd_replicas", f"must be >= 2 (one prefill + one decode), got {self.pd_replicas}")
         require(self.pd_requests >= 50, "analysis.pd_requests", f"must be >= 50, got {self.pd_requests}")
-        require(self.compare_lengths in ("workload", "mean"), "analysis.compare_lengths",
-                f"must be workload or mean, got {self.compare_lengths!r}")
+        require(self.compare_lengths in ("requests", "mean"), "analysis.compare_lengths",
+                f"must be requests or mean, got {self.compare_lengths!r}")
         require(self.rate_search_steps >= 2, "analysis.rate_search_steps", f"must be >= 2, got {self.rate_search_steps}")
 
 

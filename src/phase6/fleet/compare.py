@@ -1,112 +1,331 @@
-"""Simulated vs measured: replay each closed-loop row of a `phase6 serve-bench` results.json in the simulator.
+"""Simulated vs measured: replay each closed-loop run of `phase6 serve-bench` in the simulator.
 
-Protocol (issue 8, validation): for every measured row (engine, tp, concurrency C) simulate one colocated replica of
-the same TP with C closed-loop clients and the row's request count, then compare TTFT p50, TPOT p50 and output
-throughput; a row passes when both latencies are within 20 %. Request lengths: the configured workload's requests
-(``analysis.compare_lengths=workload``; mirror 6B's length distribution, the table shows both means), or every
-request at the row's means (``mean``: identical requests make a closed loop run in lockstep, all C clients
-finishing and re-arriving together, which inflates TTFT).
+Protocol (issue 8, validation): for every finished serve-bench run (engine, tp, concurrency C) simulate one
+colocated replica of the same TP with C closed-loop clients sending *the run's own requests in its send order*, then
+compare TTFT p50, TPOT p50 and output throughput; a row passes when both latencies are within 20 %.
 
-Calibration (``calibrate=True``, default): two planner parameters are fitted on the *lowest-concurrency* row only
-and then held for every other row, so C=16/64 are predictions, not fits:
-  step_overhead_ms = TPOT@C1 - (memory + all-reduce time of a batch-1 decode step at the mean context)   (>= 0)
-  prefill_mfu      scaled so the compute part of a one-prompt prefill step equals TTFT@C1 - all-reduce - overhead
+What is read from a serve-bench run directory (the files `projects/6b_serving/serve_bench.py` writes):
+  results.json   ``rows[0]``: engine, tp, concurrency, ttft_p50_ms, tpot_p50_ms, throughput_tok_s, completed
+  requests.jsonl one record per request (``RequestResult.to_json``): index (send order), ok, prompt_tokens
+                 (server usage, chat template included; the client's ``prompt_len`` where usage was missing),
+                 output_tokens (server usage)
+  config.yaml    hardware.name (must be the fleet's hardware) and serve.engine / serve.engine_args, from which the
+                 replica's batch limits are taken (:data:`ENGINE_LIMIT_ARGS`)
+Request lengths: ``analysis.compare_lengths=requests`` (default) replays the completed requests exactly (their
+length distribution, not the means); ``mean`` replays every request at the run's mean prompt/output (identical
+requests make a closed loop run in lockstep, all C clients finishing and re-arriving together, which inflates TTFT).
+
+Calibration (``calibrate=True``, default): two planner parameters are fitted on the *lowest-concurrency* run of
+each TP only and then held for every other run, so C=16/64 are predictions, not fits. Both are fitted by replaying
+that run in the simulator (:func:`calibrate`), so they hold for its length distribution:
+  step_overhead_ms  so that the simulated TPOT p50 equals the measured one (the fixed cost every step pays)
+  prefill_mfu       so that the simulated TTFT p50 equals the measured one (prefill compute scales as 1 / MFU)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from phase6.config.fleet import EngineConfig, FleetRunConfig
-from phase6.fleet.sim import Topology
-from phase6.fleet.steptime import planner_model, read_serve_bench_rows
+from phase6.fleet.sim import EngineLimits, SimResult, Topology
+from phase6.fleet.steptime import kv_capacity_blocks, planner_model
 from phase6.fleet.workload import Workload
-from phase6.plan.model import ModelSpec
 
 TOLERANCE = 0.20
 """Relative error a simulated TTFT/TPOT p50 may have against the measurement (issue 8)."""
 
+ROW_KEYS = ("concurrency", "ttft_p50_ms", "tpot_p50_ms", "completed")
+"""Numeric keys a serve-bench results.json row must carry to be replayed."""
 
-def _row_lengths(row: dict[str, Any], where: str) -> tuple[int, int, int]:
-    """(mean prompt tokens, mean output tokens, completed requests) of a serve-bench row."""
-    done = row.get("completed")
-    if not isinstance(done, (int, float)) or done < 1:
-        raise ValueError(f"{where}: needs 'completed' >= 1, got {done!r}")
-    inp, out = row.get("input_tokens"), row.get("mean_output_tokens")
-    if not isinstance(inp, (int, float)) or not isinstance(out, (int, float)) or not math.isfinite(out):
-        raise ValueError(f"{where}: needs numeric 'input_tokens' and 'mean_output_tokens'")
-    return max(1, round(inp / done)), max(2, round(out)), int(done)
-
-
-def check_serve_bench(path: str | Path) -> None:
-    """Fail early (one line) if a serve-bench table cannot be replayed."""
-    for r in read_serve_bench_rows(path):
-        _row_lengths(r, f"{path}: row concurrency={r['concurrency']}")
+ENGINE_LIMIT_ARGS: dict[str, tuple[str, str]] = {
+    # engine: (serve.engine_args key of the most running sequences, key of the per-step prefill token budget)
+    "torch-tp": ("max-batch", "max-prefill-tokens"),  # phase6.serving.tp_server ServerArgs (budget: padded prompts)
+    "vllm": ("max-num-seqs", "max-num-batched-tokens"),  # vLLM engine args (budget: decodes + prefill chunks)
+}
+"""Where a serve-bench record states the engine's batch limits; absent args fall back as :func:`engine_limits` says."""
 
 
-def calibrate(spec: ModelSpec, cfg: FleetRunConfig, engine: EngineConfig, row: dict[str, Any],
-              inp: int, out: int) -> EngineConfig:
-    """Fit step_overhead_ms (from TPOT p50) and prefill_mfu (from TTFT p50) on one low-concurrency row."""
-    base = dataclasses.replace(engine, step_overhead_ms=0.0)
-    m = planner_model(spec, cfg.hardware, base)
-    ctx = inp + out // 2
-    decode_wo_overhead = m.step_s(0, 0.0, 1, ctx)
-    overhead_s = max(0.0, float(row["tpot_p50_ms"]) / 1e3 - decode_wo_overhead)
-    pairs = inp * (inp + 1) / 2
-    compute = m.compute_s(inp, pairs)
-    target = float(row["ttft_p50_ms"]) / 1e3 - m.allreduce_s(inp) - overhead_s
-    mfu = base.prefill_mfu
-    if target > m.memory_s(inp, 0) and target > 0:  # compute-bound prefill: compute time scales as 1 / mfu
-        mfu = min(1.0, max(1e-3, base.prefill_mfu * compute / target))
-    return dataclasses.replace(engine, step_overhead_ms=overhead_s * 1e3, prefill_mfu=mfu)
+@dataclass
+class MeasuredRun:
+    """One finished serve-bench run: its closed-loop row and its completed requests in send order."""
+
+    run_dir: Path
+    row: dict[str, Any]
+    """results.json ``rows[0]``."""
+    input_tokens: np.ndarray
+    """(N,) int64 prompt tokens of each completed request, in send (index) order."""
+    output_tokens: np.ndarray
+    """(N,) int64 output tokens of each completed request."""
+    prompt_from_client: int
+    """Requests whose prompt length is the client tokenizer's count (the server reported no usage)."""
+    config: dict[str, Any]
+    """The run's config.yaml ({} when absent)."""
+
+    @property
+    def concurrency(self) -> int:
+        return int(self.row["concurrency"])
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _read_requests(path: Path, completed: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(prompt tokens, output tokens, prompts counted by the client) of the completed requests, by send index."""
+    if not path.is_file():
+        raise ValueError(f"{path}: not found (serve-bench writes one record per request there; the comparison "
+                         "replays those requests)")
+    recs: list[tuple[int, int, int, bool]] = []
+    with path.open() as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+            if not isinstance(r, dict) or not isinstance(r.get("index"), int) or not isinstance(r.get("ok"), bool):
+                raise ValueError(f"{path}:{line_no}: expected a request record with integer 'index' and bool 'ok'")
+            if not r["ok"]:
+                continue  # failed requests have no complete output to replay; the row counts them as failed
+            usage = r.get("prompt_tokens")
+            inp = usage if isinstance(usage, int) else r.get("prompt_len")
+            out = r.get("output_tokens")
+            if not isinstance(inp, int) or inp < 1 or not isinstance(out, int) or out < 1:
+                raise ValueError(f"{path}:{line_no}: a completed request needs prompt_tokens (or prompt_len) >= 1 and "
+                                 f"output_tokens >= 1, got {inp!r}, {out!r}")
+            recs.append((r["index"], inp, out, not isinstance(usage, int)))
+    if len(recs) != completed:
+        raise ValueError(f"{path}: {len(recs)} completed requests, but results.json says completed = {completed}")
+    recs.sort()
+    return (np.asarray([r[1] for r in recs], dtype=np.int64), np.asarray([r[2] for r in recs], dtype=np.int64),
+            sum(r[3] for r in recs))
+
+
+def load_run(run_dir: str | Path) -> MeasuredRun | str:
+    """A finished serve-bench run dir -> :class:`MeasuredRun`, or a one-line reason it has no closed-loop row."""
+    d = Path(run_dir)
+    res_path = d / "results.json"
+    res = _read_json(res_path)
+    if not isinstance(res, dict) or res.get("job", "serve_bench") != "serve_bench":
+        raise ValueError(f"{res_path}: not a serve-bench results.json (job {res.get('job') if isinstance(res, dict) else None!r})")
+    rows = res.get("rows")
+    if not isinstance(rows, list) or len(rows) != 1 or not isinstance(rows[0], dict):
+        raise ValueError(f"{res_path}: expected one row (one serve-bench run), got "
+                         f"{len(rows) if isinstance(rows, list) else 'no'} rows; pass the run's directory, or the "
+                         "sweep dir that holds the runs")
+    row = rows[0]
+    if row.get("concurrency") is None:
+        return f"{d}: open loop (request_rate={row.get('request_rate')}), no fixed concurrency to replay"
+    missing = [k for k in ROW_KEYS if not _number(row.get(k))]
+    if missing:
+        raise ValueError(f"{res_path}: rows[0] lacks numeric {', '.join(missing)}")
+    if row["completed"] < 1:
+        return f"{d}: no request completed"
+    inp, out, from_client = _read_requests(d / "requests.jsonl", int(row["completed"]))
+    cfg_path = d / "config.yaml"
+    config = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
+    return MeasuredRun(d, row, inp, out, from_client, config if isinstance(config, dict) else {})
+
+
+def load_serve_bench(path: str | Path) -> tuple[list[MeasuredRun], list[str]]:
+    """The closed-loop runs under ``path`` and why others were skipped.
+
+    ``path``: a run dir, its results.json, a ``-m`` sweep dir (members in numbered subdirs), or the sweep's
+    summary.json. A member without results.json (killed or still running) is skipped and named, never guessed.
+    """
+    p = Path(path)
+    if p.is_file() and p.name in ("results.json", "summary.json"):
+        p = p.parent
+    if not p.is_dir():
+        raise ValueError(f"{path}: no such serve-bench run or sweep directory")
+    if (p / "results.json").is_file():
+        dirs, skipped = [p], []
+    else:
+        subs = sorted((s for s in p.iterdir() if s.is_dir() and (s / "config.yaml").is_file()),
+                      key=lambda s: (not s.name.isdigit(), int(s.name) if s.name.isdigit() else 0, s.name))
+        dirs = [s for s in subs if (s / "results.json").is_file()]
+        skipped = [f"{s}: no results.json (the run did not finish)" for s in subs if s not in dirs]
+        if not dirs:
+            raise ValueError(f"{path}: no serve-bench results.json in it or in its member dirs")
+    runs: list[MeasuredRun] = []
+    for d in dirs:
+        r = load_run(d)
+        if isinstance(r, str):
+            skipped.append(r)
+        else:
+            runs.append(r)
+    if not runs:
+        raise ValueError(f"{path}: no closed-loop serve-bench run to compare with ({'; '.join(skipped)})")
+    return runs, skipped
+
+
+def check_serve_bench(path: str | Path, cfg: FleetRunConfig) -> None:
+    """Fail early (one line) if the runs under ``path`` cannot be replayed against this fleet config."""
+    for run in load_serve_bench(path)[0]:
+        measured_hw = (run.config.get("hardware") or {}).get("name")
+        if measured_hw is not None and measured_hw != cfg.hardware.name:
+            raise ValueError(f"hardware: the fleet simulates {cfg.hardware.name} but {run.run_dir} was measured on "
+                             f"{measured_hw} (its config.yaml); pass hardware={measured_hw}")
+        engine_limits(run, cfg.engine)
+
+
+def engine_limits(run: MeasuredRun, engine: EngineConfig) -> tuple[int, int, str]:
+    """(max_num_seqs, max_batched_tokens, where they came from) of the measured server.
+
+    Recorded ``serve.engine_args`` win; a torch-tp server without them ran with its own defaults (ServerArgs);
+    any other engine gets the fleet's ``engine.*`` values, and the table says so.
+    """
+    serve = run.config.get("serve") or {}
+    name = str(serve.get("engine") or run.row.get("engine") or "")
+    args = serve.get("engine_args") or {}
+    seqs, budget = engine.max_num_seqs, engine.max_batched_tokens
+    src = [f"engine.max_num_seqs={seqs}", f"engine.max_batched_tokens={budget}"]
+    if name in ENGINE_LIMIT_ARGS:
+        defaults: dict[str, Any] = {}
+        if name == "torch-tp":
+            from phase6.serving.tp_server import ServerArgs  # its defaults are what ran when no arg was given
+
+            fields = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
+            defaults = {"max-batch": fields["max_batch"], "max-prefill-tokens": fields["max_prefill_tokens"]}
+        for i, key in enumerate(ENGINE_LIMIT_ARGS[name]):
+            v = args.get(key, defaults.get(key))
+            if v is None:
+                continue
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{run.run_dir}/config.yaml: serve.engine_args.{key} must be an integer >= 1, got {v!r}")
+            if i == 0:
+                seqs = v
+            else:
+                budget = v
+            src[i] = f"{name} {key}={v}" + ("" if key in args else " (default)")
+    if budget < seqs:
+        raise ValueError(f"{run.run_dir}: token budget {budget} < max sequences {seqs} ({', '.join(src)})")
+    return seqs, budget, ", ".join(src)
+
+
+CALIBRATION_ROUNDS = 3
+"""Alternating fits of (step overhead | prefill MFU); at C=1 they barely interact and one round already converges."""
+
+
+def _bisect(f: Any, lo: float, hi: float, target: float, steps: int = 40) -> float:
+    """x in [lo, hi] with f(x) = target for an increasing f (the nearer end when target is outside)."""
+    if f(lo) >= target:
+        return lo
+    if f(hi) <= target:
+        return hi
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def replay(setup: Any, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits, lengths: str = "requests"
+           ) -> SimResult:
+    """Simulate ``run``: one replica with ``engine``'s step times, its C clients sending its requests in order."""
+    spec = setup.spec
+    s = dataclasses.replace(setup, model=planner_model(spec, setup.hardware, engine), engine=engine, limits=limits)
+    n = len(run.input_tokens)
+    if lengths == "requests":  # the run's own requests in send order (a closed loop sends the next on completion)
+        inp, outp = run.input_tokens, run.output_tokens
+    else:
+        inp = np.full(n, max(1, round(float(run.input_tokens.mean()))), dtype=np.int64)
+        outp = np.full(n, max(2, round(float(run.output_tokens.mean()))), dtype=np.int64)
+    w = Workload(np.zeros(n), inp, outp, np.arange(n, dtype=np.int64), None, f"{run.run_dir} (C={run.concurrency})")
+    return s.run(w, Topology(colocated=1), "round_robin", closed=run.concurrency)
+
+
+def p50_ms(res: SimResult) -> tuple[float, float]:
+    """(TTFT p50, TPOT p50) of a simulation in ms, as serve-bench computes them (one-token answers have no TPOT)."""
+    return float(np.median(res.ttft_s)) * 1e3, float(np.nanmedian(res.tpot_s)) * 1e3
+
+
+def calibrate(setup: Any, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits,
+              lengths: str = "requests") -> EngineConfig:
+    """Fit step_overhead_ms (to TPOT p50) and prefill_mfu (to TTFT p50) of one low-concurrency run by replaying it.
+
+    Each parameter is found by bisection on the simulated replay of the run itself, so the fit holds for the run's
+    length distribution (not only its mean): TPOT p50 rises with the overhead (every step pays it); TTFT p50 falls
+    as the MFU rises (prefill compute / MFU). Bounds: overhead in [0, TPOT p50], MFU in [1e-3, 1] (a bound is kept
+    when the measurement lies outside what the planner can reach).
+    """
+    ttft, tpot = float(run.row["ttft_p50_ms"]), float(run.row["tpot_p50_ms"])
+    eng = engine
+
+    def sim(e: EngineConfig) -> tuple[float, float]:
+        return p50_ms(replay(setup, run, e, limits, lengths))
+
+    for _ in range(CALIBRATION_ROUNDS):
+        oh = _bisect(lambda x, e=eng: sim(dataclasses.replace(e, step_overhead_ms=x))[1], 0.0, tpot, tpot)
+        eng = dataclasses.replace(eng, step_overhead_ms=oh)
+        # TTFT falls with log(mfu); bisect on -log(mfu) so that the function is increasing
+        neg_log = _bisect(lambda x, e=eng: sim(dataclasses.replace(e, prefill_mfu=math.exp(-x)))[0], 0.0,
+                          -math.log(1e-3), ttft)
+        eng = dataclasses.replace(eng, prefill_mfu=math.exp(-neg_log))
+    return eng
 
 
 def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: Any, calibrate_rows: bool = True,
-                        workload: Workload | None = None) -> list[dict[str, Any]]:
-    """One row per measured closed-loop row: measured vs simulated TTFT/TPOT p50 and throughput, errors, pass."""
+                        lengths: str = "requests") -> tuple[list[dict[str, Any]], list[str]]:
+    """One row per measured closed-loop run: measured vs simulated TTFT/TPOT p50 and throughput, errors, pass;
+    plus the runs skipped (unfinished, open loop) with the reason."""
     from phase6.fleet.run import FleetSetup  # local: run imports this module lazily too
 
     assert isinstance(setup, FleetSetup)
-    rows = read_serve_bench_rows(path)
-    rows.sort(key=lambda r: (r.get("tp") or cfg.engine.tp, r["concurrency"]))
+    if lengths not in ("requests", "mean"):
+        raise ValueError(f"analysis.compare_lengths: must be requests or mean, got {lengths!r}")
+    runs, skipped = load_serve_bench(path)
+    runs.sort(key=lambda r: (int(r.row.get("tp") or cfg.engine.tp), r.concurrency))
     out_rows: list[dict[str, Any]] = []
     calibrated: dict[int, tuple[int, EngineConfig]] = {}  # tp -> (concurrency fitted on, engine)
-    for r in rows:
-        where = f"{path}: row concurrency={r['concurrency']}"
+    for run in runs:
+        r = run.row
         tp = int(r.get("tp") or cfg.engine.tp)
-        inp, out, n = _row_lengths(r, where)
-        engine = dataclasses.replace(cfg.engine, tp=tp, step_time="planner", table_path=None)
+        c = run.concurrency
+        seqs, budget, limits_src = engine_limits(run, cfg.engine)
+        engine = dataclasses.replace(cfg.engine, tp=tp, step_time="planner", table_path=None, max_num_seqs=seqs,
+                                     max_batched_tokens=budget)
+        limits = EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, cfg.hardware, engine))  # this TP's KV
         if calibrate_rows:
-            if tp not in calibrated:  # the lowest concurrency of this TP (rows are sorted)
-                calibrated[tp] = (int(r["concurrency"]), calibrate(setup.spec, cfg, engine, r, inp, out))
-            engine = calibrated[tp][1]
-        s = dataclasses.replace(setup, model=planner_model(setup.spec, cfg.hardware, engine), engine=engine)
-        c = int(r["concurrency"])
-        if workload is None:  # every request at the row's means
-            w = Workload(np.zeros(n), np.full(n, inp, dtype=np.int64), np.full(n, out, dtype=np.int64),
-                         np.arange(n, dtype=np.int64), None, f"{path} (C={c})")
-        else:  # the configured workload's first n requests (timestamps unused: closed loop)
-            w = workload.repeated(-(-n // len(workload))).head(n)
-        res = s.run(w, Topology(colocated=1), "round_robin", closed=c)
-        sim_ttft = float(np.median(res.ttft_s)) * 1e3
-        sim_tpot = float(np.median(res.tpot_s)) * 1e3
+            if tp not in calibrated:  # the lowest concurrency of this TP (runs are sorted)
+                calibrated[tp] = (c, calibrate(setup, run, engine, limits, lengths))
+            fit = calibrated[tp][1]
+            engine = dataclasses.replace(engine, step_overhead_ms=fit.step_overhead_ms, prefill_mfu=fit.prefill_mfu)
+        res = replay(setup, run, engine, limits, lengths)
+        n = len(run.input_tokens)
+        mean_in, mean_out = float(run.input_tokens.mean()), float(run.output_tokens.mean())
+        sim_ttft, sim_tpot = p50_ms(res)
         sim_tok_s = float(res.output_tokens.sum()) / res.makespan_s
         e_ttft = sim_ttft / float(r["ttft_p50_ms"]) - 1
         e_tpot = sim_tpot / float(r["tpot_p50_ms"]) - 1
-        meas_tok = r.get("throughput_tok_s")
+        fitted_here = calibrate_rows and calibrated[tp][0] == c
         out_rows.append({
-            "engine": r.get("engine"), "tp": tp, "concurrency": c, "input_tokens": inp, "output_tokens": out,
-            "sim_mean_input_tokens": float(w.input_tokens.mean()),
-            "sim_mean_output_tokens": float(w.output_tokens.mean()), "requests": n, "ttft_p50_ms_measured": float(r["ttft_p50_ms"]), "ttft_p50_ms_sim": sim_ttft,
-            "ttft_err_pct": 100 * e_ttft, "tpot_p50_ms_measured": float(r["tpot_p50_ms"]), "tpot_p50_ms_sim": sim_tpot,
-            "tpot_err_pct": 100 * e_tpot, "throughput_tok_s_measured": meas_tok, "throughput_tok_s_sim": sim_tok_s,
+            "run": run.run_dir.name, "engine": r.get("engine"), "tp": tp, "concurrency": c, "requests": n,
+            "failed": r.get("failed", 0), "mean_input_tokens": mean_in, "mean_output_tokens": mean_out,
+            "ttft_p50_ms_measured": float(r["ttft_p50_ms"]), "ttft_p50_ms_sim": sim_ttft, "ttft_err_pct": 100 * e_ttft,
+            "tpot_p50_ms_measured": float(r["tpot_p50_ms"]), "tpot_p50_ms_sim": sim_tpot, "tpot_err_pct": 100 * e_tpot,
+            "throughput_tok_s_measured": r.get("throughput_tok_s"), "throughput_tok_s_sim": sim_tok_s,
             "within_20pct": abs(e_ttft) <= TOLERANCE and abs(e_tpot) <= TOLERANCE,
+            "role": ("calibration (fitted here)" if fitted_here else "prediction") if calibrate_rows else "prediction",
             "calibration": (f"fitted at C={calibrated[tp][0]}: step overhead {engine.step_overhead_ms:.2f} ms, "
                             f"prefill_mfu {engine.prefill_mfu:.3f}") if calibrate_rows else "none (planner defaults)",
+            "lengths": (f"{lengths}; prompt tokens from server usage"
+                        + (f" ({run.prompt_from_client} from the client tokenizer)" if run.prompt_from_client else "")),
+            "engine_limits": limits_src,
         })
-    return out_rows
+    return out_rows, skipped

@@ -5,7 +5,7 @@
     phase6 fleet workload=azure analysis.target_rate=20              # + fewest replicas for 20 req/s within SLO
     phase6 fleet experiment=pd_grid                                  # the 'when PD disaggregation pays' table
     phase6 fleet -m slo.tpot_ms=50,100,200                           # a Hydra sweep over SLOs
-    phase6 fleet analysis.compare_with=outputs/serve_bench/<run>/results.json   # sim vs a measured 6B run
+    phase6 fleet experiment=compare analysis.compare_with=<serve-bench run or sweep dir> model=... hardware=...
 
 Writes the run record (config.yaml, env.json, metrics.jsonl, results.json/.md, plots/) and prints the run dir last.
 """
@@ -250,7 +250,7 @@ def _plots(rec: Any, rows: list[dict[str, Any]], x: str, grid: list[dict[str, An
 
 
 def main(cfg: FleetRunConfig) -> dict[str, Any]:
-    from phase6.runrecord import RunRecord
+    from phase6.runrecord import RunRecord, markdown_table
 
     try:  # input problems (trace rows, model preset, memory fit) -> one line, exit 2, before any simulation
         setup = build_setup(cfg)
@@ -258,7 +258,7 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
         if cfg.analysis.compare_with:
             from phase6.fleet.compare import check_serve_bench
 
-            check_serve_bench(cfg.analysis.compare_with)
+            check_serve_bench(cfg.analysis.compare_with, cfg)
     except ValueError as e:
         print(f"phase6: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -324,6 +324,7 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
                 rec.print(f"replicas needed for {a.target_rate:g} req/s, {policy} / {router}: {need_rows[-1]['replicas_needed']}")
         tables[f"Replicas needed for {a.target_rate:g} req/s within SLO"] = need_rows
 
+    compare_notes = ""
     grid: list[dict[str, Any]] = []
     if a.pd_table:
         grid = pd_grid(setup, cfg, rec.print)
@@ -332,8 +333,20 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
     if a.compare_with:
         from phase6.fleet.compare import compare_serve_bench
 
-        tables["Simulated vs measured (serve-bench)"] = compare_serve_bench(
-            a.compare_with, cfg, setup, a.compare_calibrate, w if a.compare_lengths == "workload" else None)
+        cmp_rows, cmp_skipped = compare_serve_bench(a.compare_with, cfg, setup, a.compare_calibrate,
+                                                     a.compare_lengths)
+        tables["Simulated vs measured (serve-bench)"] = cmp_rows
+        shown = ("tp", "concurrency", "requests", "ttft_p50_ms_measured", "ttft_p50_ms_sim", "ttft_err_pct",
+                 "tpot_p50_ms_measured", "tpot_p50_ms_sim", "tpot_err_pct", "throughput_tok_s_measured",
+                 "throughput_tok_s_sim", "within_20pct", "role")
+        # plain print: a console that wraps at its width would break the table's lines
+        print(f"simulated vs measured ({a.compare_with}):\n" + markdown_table([{k: r[k] for k in shown} for r in cmp_rows])
+              + "".join(f"TP={r['tp']} {r['calibration']}\n" for r in cmp_rows if r["role"].startswith("calibration")),
+              flush=True)
+        for why in cmp_skipped:
+            rec.print(f"skipped: {why}")
+        if cmp_skipped:
+            compare_notes = "Skipped: " + "; ".join(cmp_skipped)
 
     if cfg.plots and rows:
         _plots(rec, rows, x, grid)
@@ -350,6 +363,7 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
         cost.update({"policy": b["policy"], "router": b["router"], x: b[x],
                      "note": "cheapest row within SLO; tokens = output tokens of the simulated run"})
     notes = {
+        **({"Simulated vs measured": compare_notes} if compare_notes else {}),
         "Definitions": (
             f"TTFT = first token - arrival; TPOT = (E2E - TTFT)/(output - 1); good = TTFT <= {cfg.slo.ttft_ms:g} ms "
             f"and TPOT <= {cfg.slo.tpot_ms:g} ms; goodput = good requests / (first arrival -> last completion); "

@@ -1,0 +1,181 @@
+"""`phase6 fleet` simulated vs measured: it reads what `phase6 serve-bench` writes, replays the run's own requests,
+and its C=1 calibration predicts C=16/64.
+
+Run dirs here are written by serve-bench's own code (``RequestResult.to_json`` -> requests.jsonl,
+``phase6.serving.stats.summarize`` -> the row, ``RunRecord`` + ``ServeBenchRunConfig`` -> config.yaml/results.json),
+and tests/data/serve_bench_sweep_h200 is a trimmed copy of a real H200 sweep (torch-tp, Qwen2.5-14B shapes, TP=1):
+if either side renames a field, these fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from phase6.config import CONFIG_DIR, HardwareConfig, LoggerConfig, RunConfig
+from phase6.config.fleet import EngineConfig, FleetRunConfig
+from phase6.config.serve import LengthDist, LoadConfig, ServeBenchRunConfig, ServeConfig
+from phase6.fleet.compare import calibrate, compare_serve_bench, engine_limits, load_serve_bench
+from phase6.fleet.run import FleetSetup, build_setup
+from phase6.fleet.sim import EngineLimits, SimResult, Topology
+from phase6.fleet.steptime import kv_capacity_blocks, planner_model
+from phase6.fleet.workload import Workload
+from phase6.runrecord import RunRecord, dumps
+from phase6.serving.client import RequestResult, RunOutcome
+from phase6.serving.stats import summarize
+
+REPO = CONFIG_DIR.parent
+HW = HardwareConfig(**yaml.safe_load((CONFIG_DIR / "hardware" / "h200.yaml").read_text()))
+REAL = Path(__file__).parent / "data" / "serve_bench_sweep_h200"
+ENGINE_ARGS = {"dummy-weights": True, "cuda-graphs": True, "max-batch": 64, "max-prefill-tokens": 16384}
+TEMPLATE_TOKENS = 11  # chat template tokens the server counts on top of the client's prompt (877 vs 866 in REAL)
+
+
+def write_serve_bench_run(run_dir: Path, w: Workload, res: SimResult, c: int) -> None:
+    """A torch-tp serve-bench run dir for ``res`` (one closed-loop run of ``w`` at concurrency ``c``), written by
+    the serve-bench code paths: per-request records, the summarized row, the run record with its config."""
+    results = []
+    for i in range(len(w)):
+        ttft = float(res.first_token_s[i] - res.arrival_s[i])
+        e2e = float(res.finish_s[i] - res.arrival_s[i])
+        n_out = int(w.output_tokens[i])
+        times = np.linspace(ttft, e2e, n_out).tolist()  # one chunk per token, evenly spaced after the first
+        results.append(RequestResult(
+            index=i, scheduled_s=0.0, prompt_len=int(w.input_tokens[i]) - TEMPLATE_TOKENS,
+            requested_output_len=n_out, ok=True, status=200, dispatch_s=0.0, send_s=float(res.arrival_s[i]),
+            end_s=float(res.finish_s[i]), chunk_times_s=times, chunk_tokens=[1] * n_out, output_tokens=n_out,
+            tokens_source="usage", chunk_tokens_source="usage", prompt_tokens=int(w.input_tokens[i]),
+            finish_reason="length"))
+    outcome = RunOutcome(results, duration_s=res.makespan_s, first_dispatch_s=0.0)
+    cfg = ServeBenchRunConfig(
+        run=RunConfig(dir=str(run_dir), name="t", seed=0), logger=LoggerConfig(wandb=False, console=False),
+        hardware=HW, serve=ServeConfig(engine="torch-tp", model="outputs/models/llama3.1-8b", tp=1,
+                                       engine_args=dict(ENGINE_ARGS)),
+        load=LoadConfig(name="synthetic_h200", dataset="synthetic", path=None, concurrency=c, num_requests=len(w),
+                        prompt_dist=LengthDist("uniform", 550, 0, 100, 1000),
+                        output_dist=LengthDist("uniform", 96, 0, 64, 128)))
+    row, details = summarize(outcome, engine="torch-tp", tp=1, concurrency=c, request_rate=None, num_gpus=1,
+                             usd_per_gpu_hour=HW.usd_per_gpu_hour, slo=cfg.slo)
+    rec = RunRecord(cfg, job="serve_bench")
+    with (rec.dir / "requests.jsonl").open("w") as f:
+        for r in outcome.results:
+            f.write(dumps(r.to_json()) + "\n")
+    rec.finish([row], extra={"details": details})
+
+
+def planted_sweep(tmp_path: Path) -> tuple[Path, FleetRunConfig, FleetSetup, EngineConfig]:
+    """A 'measured' sweep C=1/16/64 made by the simulator with step overhead 3 ms and prefill MFU 0.35, requests of
+    the 6B H200 load (prompts 100-1000, outputs 64-128), under the recorded torch-tp limits (64 seqs, 16384)."""
+    cfg = FleetRunConfig(hardware=HW, model="llama3.1-8b", engine=EngineConfig(tp=1))
+    setup = build_setup(cfg)
+    true_eng = dataclasses.replace(cfg.engine, step_overhead_ms=3.0, prefill_mfu=0.35, max_num_seqs=64,
+                                   max_batched_tokens=16384)
+    limits = EngineLimits(64, 16384, kv_capacity_blocks(setup.spec, HW, true_eng))
+    true = dataclasses.replace(setup, model=planner_model(setup.spec, HW, true_eng), limits=limits)
+    rng = np.random.default_rng(0)
+    for member, c in enumerate((1, 16, 64)):
+        n = max(40, 10 * c)
+        w = Workload(np.zeros(n), rng.integers(100, 1001, n), rng.integers(64, 129, n), np.arange(n), None, "planted")
+        res = true.run(w, Topology(colocated=1), "round_robin", closed=c)
+        write_serve_bench_run(tmp_path / "sweep" / str(member), w, res, c)
+    return tmp_path / "sweep", cfg, setup, true_eng
+
+
+def test_replay_reproduces_the_run_exactly(tmp_path: Path) -> None:
+    """With the true engine and no calibration the replay is the same simulation: zero error. It must use the
+    server's prompt counts (not the client's), the send order and the recorded limits (64 seqs, 16384 tokens)."""
+    sweep, cfg, setup, true_eng = planted_sweep(tmp_path)
+    runs, skipped = load_serve_bench(sweep)
+    assert [r.concurrency for r in runs] == [1, 16, 64] and skipped == []
+    assert engine_limits(runs[0], cfg.engine)[:2] == (64, 16384)
+    exact = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, step_overhead_ms=3.0, prefill_mfu=0.35))
+    out, _ = compare_serve_bench(sweep, exact, setup, calibrate_rows=False)
+    assert [o["concurrency"] for o in out] == [1, 16, 64]
+    for o in out:
+        assert abs(o["ttft_err_pct"]) < 1e-6 and abs(o["tpot_err_pct"]) < 1e-6, o
+        assert o["throughput_tok_s_sim"] == pytest.approx(o["throughput_tok_s_measured"], rel=1e-9)
+        assert o["engine_limits"] == "torch-tp max-batch=64, torch-tp max-prefill-tokens=16384"
+    # the same requests at their mean lengths are a different experiment (lockstep closed loop)
+    mean, _ = compare_serve_bench(sweep, exact, setup, calibrate_rows=False, lengths="mean")
+    assert max(abs(o["ttft_err_pct"]) for o in mean) > 5
+
+
+def test_calibration_on_c1_predicts_c16_c64(tmp_path: Path) -> None:
+    """Fitting on the C=1 run alone recovers the planted 3 ms / 0.35 (replayed over its varied lengths), and then
+    C=16 and C=64 are predicted to 0.01 % (the planner defaults are off by > 20 %)."""
+    sweep, cfg, setup, _ = planted_sweep(tmp_path)
+    runs, _ = load_serve_bench(sweep)
+    seqs, budget, _ = engine_limits(runs[0], cfg.engine)
+    limits = EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, HW, cfg.engine))
+    fit = calibrate(setup, runs[0], dataclasses.replace(cfg.engine, max_num_seqs=seqs, max_batched_tokens=budget),
+                    limits)
+    assert fit.step_overhead_ms == pytest.approx(3.0, rel=1e-4) and fit.prefill_mfu == pytest.approx(0.35, rel=1e-4)
+    out, _ = compare_serve_bench(sweep, cfg, setup)
+    assert [o["role"] for o in out] == ["calibration (fitted here)", "prediction", "prediction"]
+    assert out[2]["calibration"] == "fitted at C=1: step overhead 3.00 ms, prefill_mfu 0.350"
+    for o in out:
+        assert abs(o["ttft_err_pct"]) < 0.01 and abs(o["tpot_err_pct"]) < 0.01 and o["within_20pct"], o
+    raw, _ = compare_serve_bench(sweep, cfg, setup, calibrate_rows=False)
+    assert any(not o["within_20pct"] for o in raw)  # planner defaults miss: the calibration is what predicts
+
+
+def test_real_h200_sweep_schema(tmp_path: Path) -> None:
+    """A trimmed real serve-bench sweep: lengths equal serve-bench's own totals, an unfinished member is skipped by
+    name, limits come from the recorded torch-tp args, and the comparison runs end to end."""
+    runs, skipped = load_serve_bench(REAL / "0" / "results.json")
+    (run,) = runs
+    res = json.loads((REAL / "0" / "results.json").read_text())
+    assert run.input_tokens.sum() == res["details"]["input_tokens"] == 11886  # server-counted prompts
+    assert run.output_tokens.sum() == res["details"]["output_tokens"] == 1861
+    assert run.input_tokens[0] == 877 and run.prompt_from_client == 0
+    runs, skipped = load_serve_bench(REAL)
+    assert len(runs) == 1 and len(skipped) == 1 and "serve_bench_sweep_h200/1: no results.json" in skipped[0]
+    cfg = FleetRunConfig(hardware=HW, model=str(REAL / "qwen2.5-14b_config.json"), engine=EngineConfig(tp=1))
+    assert engine_limits(run, cfg.engine)[:2] == (64, 16384)
+    (o,), _ = compare_serve_bench(REAL, cfg, build_setup(cfg))
+    assert o["tp"] == 1 and o["concurrency"] == 1 and o["requests"] == 20 and o["role"] == "calibration (fitted here)"
+    assert o["ttft_p50_ms_measured"] == pytest.approx(165.57, abs=0.01)
+    assert abs(o["tpot_err_pct"]) < 1 and abs(o["ttft_err_pct"]) < 20  # fitted on this run's p50s
+
+
+def test_bad_records_name_the_file(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(REAL / "0", run)
+    lines = (run / "requests.jsonl").read_text().splitlines()
+    (run / "requests.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(ValueError, match=r"requests.jsonl: 19 completed requests, but results.json says completed = 20"):
+        load_serve_bench(run)
+    (run / "requests.jsonl").unlink()
+    with pytest.raises(ValueError, match=r"run/requests.jsonl: not found"):
+        load_serve_bench(run)
+    res = json.loads((REAL / "0" / "results.json").read_text())
+    del res["rows"][0]["ttft_p50_ms"]
+    (run / "results.json").write_text(json.dumps(res))
+    with pytest.raises(ValueError, match=r"results.json: rows\[0\] lacks numeric ttft_p50_ms"):
+        load_serve_bench(run)
+
+
+def test_cli_on_real_sweep_and_hardware_mismatch(tmp_path: Path) -> None:
+    model = str(REAL / "qwen2.5-14b_config.json")
+    base = [sys.executable, "-m", "phase6", "fleet", "experiment=compare", f"analysis.compare_with={REAL}",
+            f"model={model}", "logger=none"]
+    proc = subprocess.run([*base, "hardware=h200", f"run.dir={tmp_path / 'ok'}"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| 1 | 1 | 20 | 165.6 |" in proc.stdout and "skipped:" in proc.stdout
+    table = json.loads((tmp_path / "ok" / "results.json").read_text())["tables"]["Simulated vs measured (serve-bench)"]
+    assert len(table) == 1 and table[0]["engine"] == "torch-tp"
+    proc = subprocess.run([*base, "hardware=h100_sxm", f"run.dir={tmp_path / 'bad'}"], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"phase6: error: hardware: the fleet simulates h100_sxm but {REAL / '0'} was measured on h200 (its "
+        "config.yaml); pass hardware=h200"]
