@@ -179,3 +179,30 @@ def test_cli_on_real_sweep_and_hardware_mismatch(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines() == [
         f"phase6: error: hardware: the fleet simulates h100_sxm but {REAL / '0'} was measured on h200 (its "
         "config.yaml); pass hardware=h200"]
+
+
+def test_prefill_steps_script_recovers_a_step(tmp_path: Path) -> None:
+    """scripts/prefill_steps.py: two prompts whose first tokens arrive together are one prefill step; the gap of a
+    request decoding across it is the step's duration (the numbers behind docs/benchmarks.md's explanation)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prefill_steps", REPO / "scripts" / "prefill_steps.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def rec(i: int, send: float, chunks: list[float], prompt: int) -> str:
+        return json.dumps({"index": i, "ok": True, "send_s": send, "ttft_s": chunks[0], "chunk_times_s": chunks,
+                           "prompt_tokens": prompt})
+
+    run = tmp_path / "run"
+    run.mkdir()
+    decoder = [0.050, 0.060, 0.070, 0.220, 0.230]  # a 150 ms gap ends at t = 0.220
+    (run / "requests.jsonl").write_text("\n".join([
+        rec(0, 0.0, decoder, 400),
+        rec(1, 0.075, [0.145, 0.155], 300),  # first token at 0.220
+        rec(2, 0.080, [0.1405, 0.1505], 500),  # first token at 0.2205: the same step
+    ]) + "\n")
+    steps, ttft = mod.prefill_steps(run)
+    assert steps.tolist() == [[2.0, 800.0, 1000.0, pytest.approx(150.0)]]  # request 0's own prefill has no witness
+    assert ttft[:, 0].tolist() == [400, 300, 500]

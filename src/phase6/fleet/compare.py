@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,7 +224,7 @@ CALIBRATION_ROUNDS = 3
 """Alternating fits of (step overhead | prefill MFU); at C=1 they barely interact and one round already converges."""
 
 
-def _bisect(f: Any, lo: float, hi: float, target: float, steps: int = 40) -> float:
+def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float, steps: int = 40) -> float:
     """x in [lo, hi] with f(x) = target for an increasing f (the nearer end when target is outside)."""
     if f(lo) >= target:
         return lo
