@@ -206,3 +206,20 @@ def test_prefill_steps_script_recovers_a_step(tmp_path: Path) -> None:
     steps, ttft = mod.prefill_steps(run)
     assert steps.tolist() == [[2.0, 800.0, 1000.0, pytest.approx(150.0)]]  # request 0's own prefill has no witness
     assert ttft[:, 0].tolist() == [400, 300, 500]
+
+
+def test_torch_tp_limits_default_to_the_server_defaults(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(REAL / "0", run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    del cfg["serve"]["engine_args"]["max-prefill-tokens"]
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (measured,), _ = load_serve_bench(run)
+    seqs, budget, src = engine_limits(measured, EngineConfig(tp=1))
+    assert (seqs, budget) == (64, 8192)  # phase6.serving.tp_server ServerArgs.max_prefill_tokens
+    assert src == "torch-tp max-batch=64, torch-tp max-prefill-tokens=8192 (default)"
+    cfg["serve"]["engine"] = "sglang"
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (measured,), _ = load_serve_bench(run)
+    assert engine_limits(measured, EngineConfig(tp=1, max_num_seqs=32, max_batched_tokens=4096)) == (
+        32, 4096, "engine.max_num_seqs=32, engine.max_batched_tokens=4096")

@@ -199,8 +199,8 @@ def engine_limits(run: MeasuredRun, engine: EngineConfig) -> tuple[int, int, str
     src = [f"engine.max_num_seqs={seqs}", f"engine.max_batched_tokens={budget}"]
     if name in ENGINE_LIMIT_ARGS:
         defaults: dict[str, Any] = {}
-        if name == "torch-tp":
-            from phase6.serving.tp_server import ServerArgs  # its defaults are what ran when no arg was given
+        if name == "torch-tp" and any(k not in args for k in ENGINE_LIMIT_ARGS[name]):
+            from phase6.serving.tp_server import ServerArgs  # its defaults are what ran when no arg was given (torch)
 
             fields = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
             defaults = {"max-batch": fields["max_batch"], "max-prefill-tokens": fields["max_prefill_tokens"]}
