@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -39,6 +39,9 @@ from phase6.config.fleet import EngineConfig, FleetRunConfig
 from phase6.fleet.sim import EngineLimits, SimResult, Topology
 from phase6.fleet.steptime import kv_capacity_blocks, planner_model
 from phase6.fleet.workload import Workload
+
+if TYPE_CHECKING:  # run.py imports this module inside main(); a runtime import here would be circular
+    from phase6.fleet.run import FleetSetup
 
 TOLERANCE = 0.20
 """Relative error a simulated TTFT/TPOT p50 may have against the measurement (issue 8)."""
@@ -236,7 +239,7 @@ def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float, st
     return 0.5 * (lo + hi)
 
 
-def replay(setup: Any, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits, lengths: str = "requests"
+def replay(setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits, lengths: str = "requests"
            ) -> SimResult:
     """Simulate ``run``: one replica with ``engine``'s step times, its C clients sending its requests in order."""
     spec = setup.spec
@@ -256,7 +259,7 @@ def p50_ms(res: SimResult) -> tuple[float, float]:
     return float(np.median(res.ttft_s)) * 1e3, float(np.nanmedian(res.tpot_s)) * 1e3
 
 
-def calibrate(setup: Any, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits,
+def calibrate(setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits,
               lengths: str = "requests") -> EngineConfig:
     """Fit step_overhead_ms (to TPOT p50) and prefill_mfu (to TTFT p50) of one low-concurrency run by replaying it.
 
@@ -281,13 +284,10 @@ def calibrate(setup: Any, run: MeasuredRun, engine: EngineConfig, limits: Engine
     return eng
 
 
-def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: Any, calibrate_rows: bool = True,
+def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: FleetSetup, calibrate_rows: bool = True,
                         lengths: str = "requests") -> tuple[list[dict[str, Any]], list[str]]:
     """One row per measured closed-loop run: measured vs simulated TTFT/TPOT p50 and throughput, errors, pass;
     plus the runs skipped (unfinished, open loop) with the reason."""
-    from phase6.fleet.run import FleetSetup  # local: run imports this module lazily too
-
-    assert isinstance(setup, FleetSetup)
     if lengths not in ("requests", "mean"):
         raise ValueError(f"analysis.compare_lengths: must be requests or mean, got {lengths!r}")
     runs, skipped = load_serve_bench(path)
