@@ -151,8 +151,13 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
         )
     from trl import DPOTrainer
 
-    trainer_cls = length_grouped(DPOTrainer) if d.group_by_length else DPOTrainer
-    args = DPOConfig(loss_type=[d.loss], precompute_ref_log_probs=d.precompute_ref_log_probs, **common)
+    from phase6.posttrain.reference import precomputed_reference
+
+    # dpo.precompute_ref_log_probs runs our length-sorted pass; TRL's own (False here) first SHA-256es every weight
+    # on the CPU (~50 s for a 7B model) for a cache an in-memory dataset cannot reuse (posttrain/reference.py)
+    trainer_cls: Any = precomputed_reference(DPOTrainer) if d.precompute_ref_log_probs else DPOTrainer
+    trainer_cls = length_grouped(trainer_cls) if d.group_by_length else trainer_cls
+    args = DPOConfig(loss_type=[d.loss], precompute_ref_log_probs=False, **common)
     return trainer_cls(
         model=model,
         ref_model=None,
