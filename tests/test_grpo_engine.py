@@ -1,6 +1,6 @@
-"""Rollout engines on a tiny model: the HF engine's batched static-cache generation matches plain generate and
-per-prompt generation token for token (greedy), its behaviour log-probs match a direct forward, weight loads take
-effect; the vLLM adapter's bookkeeping is checked against a stand-in for TRL's VLLMGeneration."""
+"""Rollout engines on a tiny model: the HF engine's batched static-cache generation (its decode loop and its
+``generate`` mode) matches plain generate and per-prompt generation token for token (greedy), its behaviour log-probs
+match a direct forward, weight loads take effect; the vLLM adapter's bookkeeping is checked against a stand-in for TRL's VLLMGeneration."""
 
 from __future__ import annotations
 
@@ -35,11 +35,15 @@ def engine(tok: Any, model: Any, **kw: Any) -> HFEngine:
     return HFEngine(copy.deepcopy(model), tok.pad_token_id, [tok.eos_token_id], pad_to_multiple=8, **kw)
 
 
-def test_static_engine_matches_plain_generate_and_single_prompts(tiny: tuple[Any, Any]) -> None:
+DECODES = ("loop", "generate")
+
+
+@pytest.mark.parametrize("decode", DECODES)
+def test_static_engine_matches_plain_generate_and_single_prompts(tiny: tuple[Any, Any], decode: str) -> None:
     tok, model = tiny
     ids = prompt_ids(tok)
     greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
-    eng = engine(tok, model)
+    eng = engine(tok, model, decode=decode)
     batched = eng.generate(ids, greedy)
     plain = naive_generate(model, ids, greedy, tok.pad_token_id, {tok.eos_token_id})
     assert batched.completion_ids == plain.completion_ids
@@ -48,12 +52,14 @@ def test_static_engine_matches_plain_generate_and_single_prompts(tiny: tuple[Any
     assert batched.num_tokens == sum(len(c) for c in batched.completion_ids) and batched.tokens_per_s > 0
 
 
-def test_behaviour_logprobs_match_a_direct_forward(tiny: tuple[Any, Any]) -> None:
+@pytest.mark.parametrize("decode", DECODES)
+def test_behaviour_logprobs_match_a_direct_forward(tiny: tuple[Any, Any], decode: str) -> None:
     tok, model = tiny
     ids = prompt_ids(tok)
     torch.manual_seed(1)
-    out = engine(tok, model).generate(ids, SamplingParams(max_new_tokens=10, temperature=0.7))
-    assert out.logprobs is not None and out.logprob_s > 0
+    out = engine(tok, model, decode=decode).generate(ids, SamplingParams(max_new_tokens=10, temperature=0.7))
+    # the loop takes them from the logits it samples from; generate mode runs a scoring pass, timed on its own
+    assert out.logprobs is not None and (out.logprob_s > 0) == (decode == "generate")
     for p, comp, lps in zip(ids, out.completion_ids, out.logprobs, strict=True):
         assert len(lps) == len(comp)
         full = torch.tensor([p + comp])
@@ -67,9 +73,10 @@ def test_behaviour_logprobs_match_a_direct_forward(tiny: tuple[Any, Any]) -> Non
         assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
 
 
-def test_sampling_is_reproducible_and_respects_min_tokens(tiny: tuple[Any, Any]) -> None:
+@pytest.mark.parametrize("decode", DECODES)
+def test_sampling_is_reproducible_and_respects_min_tokens(tiny: tuple[Any, Any], decode: str) -> None:
     tok, model = tiny
-    eng = engine(tok, model, return_logprobs=False)
+    eng = engine(tok, model, return_logprobs=False, decode=decode)
     params = SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=1.0)
     torch.manual_seed(3)
     a = eng.generate(prompt_ids(tok) * 4, params)
@@ -80,10 +87,11 @@ def test_sampling_is_reproducible_and_respects_min_tokens(tiny: tuple[Any, Any])
     assert len({tuple(c) for c in a.completion_ids}) > 3  # sampled, not greedy
 
 
-def test_load_weights_takes_effect(tiny: tuple[Any, Any]) -> None:
+@pytest.mark.parametrize("decode", DECODES)
+def test_load_weights_takes_effect(tiny: tuple[Any, Any], decode: str) -> None:
     tok, model = tiny
     other = build_tiny_model(tok, seed=5)
-    eng = engine(tok, model)
+    eng = engine(tok, model, decode=decode)
     ids = prompt_ids(tok)
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
     before = eng.generate(ids, greedy)

@@ -165,6 +165,7 @@ def engine_builder(cfg: GrpoRunConfig, model_path: str, use_cuda: bool) -> Any:
             model,
             tok.pad_token_id,
             trainer.eos_token_ids,
+            decode=e.hf_decode,
             static_cache=e.hf_static_cache,
             compile_decode=e.hf_compile,
             pad_to_multiple=e.hf_pad_to_multiple,

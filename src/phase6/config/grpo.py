@@ -17,6 +17,7 @@ TASKS = ("gsm8k", "digits")
 FORMAT_REWARDS = ("none", "additive", "gated")
 ENGINES = ("vllm", "hf", "verl")
 VLLM_MODES = ("colocate", "server")
+HF_DECODES = ("loop", "generate")
 DTYPES = ("bf16", "fp32", "auto")
 ATTN = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 # TRL 1.16 GRPOConfig.loss_type values
@@ -131,19 +132,22 @@ class EngineConfig:
     """Who generates the rollouts (and, for verl, who runs the whole job)."""
 
     name: str = "vllm"
-    """vllm (TRL's vLLM backend, default on GPU) | hf (transformers, static cache + compiled decode) | verl."""
+    """vllm (TRL's vLLM backend, default on GPU) | hf (transformers: static-cache decode loop, CUDA graphs) | verl."""
     vllm_mode: str = "colocate"
     """colocate (vLLM inside the trainer process, shares the GPU) | server (``trl vllm-serve`` on other GPUs)."""
     vllm: dict[str, Any] = field(default_factory=dict)
     """Passed through to TRL's VLLMGeneration: gpu_memory_utilization, server_base_url, tensor_parallel_size, ..."""
+    hf_decode: str = "loop"
+    """HF engine: loop (phase6's static-cache decode loop, one CUDA graph replay per token) | generate
+    (transformers' generate; the two knobs below apply to it only)."""
     hf_static_cache: bool = True
-    """HF engine: static KV cache (prerequisite for the compiled decode step)."""
+    """HF engine, decode=generate: static KV cache (prerequisite for the compiled decode step)."""
     hf_compile: bool = True
-    """HF engine: compile the decode step (CUDA graphs; CUDA only)."""
+    """HF engine, decode=generate: compile the decode step (CUDA graphs; CUDA only)."""
     hf_pad_to_multiple: int = 64
     """HF engine: left-pad prompts to a multiple of this (few distinct static-cache shapes, few recompiles)."""
     hf_score_batch_size: int = 8
-    """HF engine: rows per scoring forward for behaviour log-probs (bounds the float32 logits)."""
+    """HF engine, decode=generate: rows per scoring forward for behaviour log-probs (bounds the float32 logits)."""
     snapshot_device: str = "cpu"
     """Where the k most recent policy versions are kept for staleness k (cpu | cuda)."""
     probe_every: int = 50
@@ -165,6 +169,11 @@ class EngineConfig:
             self.snapshot_device in ("cpu", "cuda"),
             "engine.snapshot_device",
             f"must be cpu or cuda, got {self.snapshot_device!r}",
+        )
+        require(
+            self.hf_decode in HF_DECODES,
+            "engine.hf_decode",
+            f"must be one of {list(HF_DECODES)}, got {self.hf_decode!r}",
         )
         for k in ("hf_pad_to_multiple", "hf_score_batch_size"):
             require(getattr(self, k) >= 1, f"engine.{k}", f"must be >= 1, got {getattr(self, k)}")

@@ -1,22 +1,24 @@
-"""The transformers rollout engine: batched ``generate`` with a static KV cache and a compiled decode step.
+"""The transformers rollout engine: a static-cache decode loop with per-token CUDA graphs (default), or ``generate``.
 
-Why these settings (measured on one H200, Qwen2.5-1.5B architecture, 64 prompts x 8 samples x 512 forced tokens,
-issue 7): plain padded ``generate`` (dynamic cache, eager) 4,094 tokens/s; ``generate_batch`` (continuous batching,
-default settings) 1,543 tokens/s. A dynamic cache re-allocates and copies every layer's K/V at every step and an
-eager decode step is hundreds of small kernel launches; a static cache is allocated once and updated in place, which
-is what lets transformers compile the decode step with ``mode="reduce-overhead"`` (CUDA graphs). Our numbers:
-``python projects/6d_grpo/bench.py`` (docs/benchmarks.md).
+Measured on one H200 (issue 7; Qwen2.5-1.5B architecture, bf16, 64 prompts x 8 samples x 512 forced tokens, torch
+2.11, transformers 5.17; ``python projects/6d_grpo/bench.py``, docs/benchmarks.md): plain padded ``generate`` (dynamic
+cache, eager) 4,671 tokens/s; ``generate`` with a static cache and a compiled decode step (``mode="reduce-overhead"``,
+CUDA graphs) 11,791 tokens/s after a 55 s first call; ``generate_batch`` (continuous batching, default settings)
+1,543 tokens/s. The compiled ``generate`` spends 43 ms per token step where the weights, the matmuls and one read of
+the KV cache need ~5 ms: phase6.rollout.hf_loop says where the rest goes and is the default decode (``decode="loop"``).
+``decode="generate"`` keeps transformers' ``generate`` (static cache and ``compile_decode`` apply to it only).
 
-- Prompts are left-padded to a multiple of ``pad_to_multiple`` so the static cache length (prompt + new tokens) and
-  therefore the compiled graph take few distinct shapes; transformers keeps and resets the cache between calls of the
-  same shape, so the CUDA graphs recorded on the first call are replayed afterwards.
+- Prompts are left-padded to a multiple of ``pad_to_multiple`` so the static cache length (prompt + new tokens), and
+  with it the captured graphs (or generate's compiled graph), take few distinct shapes; both are kept and reused
+  while the batch shape repeats.
 - The engine owns its own model instance: ``load_weights`` copies tensors into it in place (same addresses, so the
   recorded graphs stay valid). That copy is what lets the engine hold an older policy version than the trainer.
-- Behaviour log-probabilities (the sampled tokens' log-probs under the engine's weights and temperature) come from one
-  extra scoring forward over prompt + completion, chunked by ``score_batch_size`` rows so the (rows, tokens, vocab)
-  float32 logits stay bounded. ``generate`` could return per-step scores, but for 512 x 512 steps of a 152k vocabulary
-  that is 160 GB.
-- Compilation is only attempted on CUDA (transformers' auto-compile rule); on CPU the static cache runs eagerly.
+- Behaviour log-probabilities (the sampled tokens' log-probs under the engine's weights and temperature): the loop
+  takes them from the logits it samples from (one logsumexp per token, inside the graph); ``decode="generate"`` runs
+  one extra scoring forward over prompt + completion, chunked by ``score_batch_size`` rows so the (rows, tokens,
+  vocab) float32 logits stay bounded (``generate`` could return per-step scores, but for 512 x 512 steps of a 152k
+  vocabulary that is 160 GB).
+- CUDA graphs and compilation happen only on CUDA; on CPU the same code runs eagerly.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from phase6.rollout import RolloutOutput, SamplingParams, WeightSyncStats, cut_at_eos
+from phase6.rollout.hf_loop import DecodeLoop, LoopOptions
+
+DECODES = ("loop", "generate")
 
 
 def device_sync(device: torch.device) -> None:
@@ -126,7 +131,7 @@ def naive_generate(
 
 
 class HFEngine:
-    """Batched transformers generation on a private model copy (static cache + compiled decode on CUDA)."""
+    """Batched transformers generation on a private model copy (decode loop with CUDA graphs, or ``generate``)."""
 
     name = "hf"
     mechanism = "in-process tensor.copy_ into the engine's own model (device-to-device; host-to-device from a snapshot)"
@@ -136,12 +141,16 @@ class HFEngine:
         model: PreTrainedModel,
         pad_id: int,
         eos_ids: Iterable[int],
+        decode: str = "loop",
         static_cache: bool = True,
         compile_decode: bool = True,
         pad_to_multiple: int = 64,
         return_logprobs: bool = True,
         score_batch_size: int = 8,
+        loop_options: LoopOptions | None = None,
     ) -> None:
+        if decode not in DECODES:
+            raise ValueError(f"HFEngine decode must be one of {list(DECODES)}, got {decode!r}")
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -157,10 +166,27 @@ class HFEngine:
         self.return_logprobs = return_logprobs
         self.score_batch_size = score_batch_size
         self._params = dict(self.model.named_parameters())
+        self.decode = decode
+        self.loop = (
+            DecodeLoop(self.model, pad_id, self.eos_ids, pad_to_multiple, loop_options) if decode == "loop" else None
+        )
+        self.last_timing: dict[str, float] = {}
+        """The last ``generate``'s parts (loop: prefill_s, decode_s, steps, graphs_captured)."""
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, num_generations: int = 1) -> RolloutOutput:
         # the repeated prompts are generated as independent rows; num_generations only matters to vLLM's server mode
+        if self.loop is not None:
+            t0 = time.perf_counter()
+            res = self.loop.generate(prompt_ids, params, self.return_logprobs)
+            generate_s = time.perf_counter() - t0
+            self.last_timing = {
+                "prefill_s": res.prefill_s,
+                "decode_s": res.decode_s,
+                "steps": res.steps,
+                "graphs_captured": res.graphs_captured,
+            }
+            return RolloutOutput(res.completion_ids, res.logprobs, generate_s)
         ids, mask = left_pad(prompt_ids, self.pad_id, self.device, self.pad_to_multiple)
         cfg = generation_config(params, self.pad_id, self.eos_ids, self.static_cache, self.compile_decode)
         device_sync(self.device)
