@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import yaml
 
+import phase6.fleet.sim as sim_module
 from phase6.config import HardwareConfig
 from phase6.config.fleet import EngineConfig
-from phase6.fleet.sim import EngineLimits, Topology, simulate
+from phase6.fleet.sim import EngineLimits, Simulation, Topology, simulate
 from phase6.fleet.steptime import TableStepTime, efficiency, kv_transfer_s, planner_model, prefill_pairs
-from phase6.fleet.workload import RequestClass, Workload, fixed_lengths, synthetic
+from phase6.fleet.workload import BLOCK_TOKENS, RequestClass, Workload, fixed_lengths, synthetic
 from phase6.plan.model import resolve_model
-from phase6.plan.serve import serve_latency
+from phase6.plan.serve import ServeCostModel, serve_latency
 
 ROOT = Path(__file__).resolve().parents[1]
 HW = HardwareConfig(**yaml.safe_load((ROOT / "configs" / "hardware" / "h100_sxm.yaml").read_text()))
@@ -201,3 +205,85 @@ def test_pd_prefill_replica_resumes_when_transfers_free_its_kv() -> None:
     assert np.isfinite(r.finish_s).all()
     # prompt done, not finished: <= 3 holding KV at the decode replica + 2 x 3 still held at the prefill replicas
     assert max_overlap(r.first_token_s, r.finish_s) == 9
+
+
+class ReferenceStepTime:
+    """ServeCostModel's step formulas evaluated from scratch on every call (none of its per-token-count caches)."""
+
+    def __init__(self, m: ServeCostModel) -> None:
+        self.m = m
+
+    def step_s(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx: int) -> float:
+        m, tokens = self.m, prefill_tokens + decode_seqs
+        if tokens <= 0:
+            return 0.0
+        step = max(m.compute_s(tokens, prefill_pairs + decode_ctx), m.memory_s(tokens, decode_ctx))
+        return step + m._allreduce_uncached(tokens) + m.p2p_s + m.overhead_s
+
+    def decode_run_s(self, d: int, ctx: int, k: int) -> float:
+        m = self.m
+        if d <= 0 or k <= 0:
+            return 0.0
+        c0, c1 = m.compute_s(d, ctx), m.attn_flops_per_pair * d / m.flops_per_s
+        m0, m1 = m.memory_s(d, ctx), m.kv_bytes_per_token * d / m.bytes_per_s
+        fixed = k * (m._allreduce_uncached(d) + m.p2p_s + m.overhead_s)
+        if c1 == m1:
+            return k * max(c0, m0) + (c1 * k * (k - 1) / 2) + fixed
+        switch = min(max(math.ceil((m0 - c0) / (c1 - m1)), 0), k)
+
+        def arith(a: float, b: float, j0: int, j1: int) -> float:
+            n = j1 - j0
+            return n * a + b * n * (j0 + j1 - 1) / 2 if n > 0 else 0.0
+
+        if c1 > m1:
+            return arith(m0, m1, 0, switch) + arith(c0, c1, switch, k) + fixed
+        return arith(c0, c1, 0, switch) + arith(m0, m1, switch, k) + fixed
+
+
+FAST_ROUTE = Simulation._route
+
+
+def reference_route(sim: Simulation, r: Any) -> tuple[Any, int]:
+    """The prefix-aware rule evaluated on every replica with a full prefix match each (no candidate filter)."""
+    if sim.router != "prefix_aware":
+        return FAST_ROUTE(sim, r)
+    best, best_cost, best_hit = sim.front[0], math.inf, 0
+    for rep in sim.front:
+        m = rep.cache.match(r.hid) if r.hid else 0
+        hit = min(m * BLOCK_TOKENS, r.n_in - 1) if m else 0
+        cost = rep.queued_prefill_tokens - hit
+        if cost < best_cost or (cost == best_cost and rep.outstanding < best.outstanding):
+            best, best_cost, best_hit = rep, cost, hit
+    return best, best_hit
+
+
+def bisect_first_step(run_s: Any, d: int, s: int, k: int, elapsed: float) -> int:
+    lo, hi = 1, k
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if run_s(d, s, mid) >= elapsed:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@pytest.mark.parametrize("topo,router", [(Topology(colocated=4), "prefix_aware"),
+                                         (Topology(prefill=2, decode=2), "prefix_aware"),
+                                         (Topology(colocated=3), "session_affinity")])
+def test_fast_paths_equal_straightforward_versions(topo: Topology, router: str, monkeypatch: Any) -> None:
+    """The speed work (prefix router scoring only replicas that hold the first block, cached step-time terms,
+    bracketed search for where an arrival cuts a decode run) changes no result bit: same times, hits, replicas and
+    evictions as the straightforward versions, with a per-step overhead and TP all-reduces in the step times."""
+    w = synthetic(1500, 12.0, [RequestClass(1.0, 100, 3000, 20, 300)], 3, prefix_groups=12, prefix_tokens=2048,
+                  turns=3, think_time_s=2.0)
+    model = planner_model(SPEC, HW, dataclasses.replace(ENG, step_overhead_ms=2.5, prefill_mfu=0.4))
+    lim = EngineLimits(32, 2048, 40)  # small KV: evictions and admission waits
+    fast = simulate(w, model, lim, topo, router, kv_transfer_s=xfer)
+    monkeypatch.setattr(Simulation, "_route", reference_route)
+    monkeypatch.setattr(sim_module, "_first_step_reaching", bisect_first_step)
+    ref = simulate(w, ReferenceStepTime(model), lim, topo, router, kv_transfer_s=xfer)
+    for key in ("arrival_s", "first_token_s", "finish_s", "admit_s", "hit_tokens", "replica"):
+        assert np.array_equal(getattr(fast, key), getattr(ref, key)), key
+    assert fast.evictions == ref.evictions > 100 and fast.events == ref.events
+    assert fast.prefix_hit_rate > 0.1

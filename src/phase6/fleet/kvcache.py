@@ -6,40 +6,40 @@ Model (vLLM's automatic prefix caching at Mooncake's 512-token granularity):
   a new allocation needs room. Released blocks enter the LRU tail-first (vLLM frees in reverse order) so the end of
   a prefix is evicted before its beginning.
 - A request's new prompt blocks are private while it prefills and become cached blocks when prefill completes.
+
+Data structures (O(1) per block touched): ``ref`` is a dict block id -> reference count (the set of cached blocks);
+``lru`` holds the evictable ones in a plain dict, whose iteration order is insertion order (a block released again
+goes to the back): append and delete-from-the-middle are O(1), and an admission that must evict n blocks takes the
+first n keys in one pass (``islice``). A plain dict instead of an OrderedDict: its inserts cost a third, and the one
+scan per admission skips the deleted slots at the front (compacted whenever CPython resizes the table). The prefix-aware router asks each replica holding a request's first
+block for :meth:`PrefixCache.match`; a fleet-wide index is not needed (few replicas hold any given first block, and
+keeping an index in sync cost more than it saved: docs/fleet.md, "Event loop").
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from itertools import islice, takewhile
 
 
 class PrefixCache:
     """Block accounting of one replica; every count is in blocks."""
 
-    __slots__ = ("capacity", "free", "ref", "lru", "index", "rid", "evictions")
+    __slots__ = ("capacity", "free", "ref", "lru", "evictions")
 
-    def __init__(self, capacity: int, index: dict[int, set[int]] | None = None, rid: int = 0) -> None:
+    def __init__(self, capacity: int) -> None:
         assert capacity >= 1
         self.capacity = capacity
         self.free = capacity
         """Blocks holding nothing."""
         self.ref: dict[int, int] = {}
         """Cached block id -> number of running requests using it (0 = evictable, then also in lru)."""
-        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.lru: dict[int, None] = {}
         """Evictable cached blocks, least recently released first."""
-        self.index, self.rid = index, rid
-        """Optional fleet-wide map block id -> replicas caching it (for the prefix-aware router), kept in sync."""
         self.evictions = 0
 
     def match(self, hash_ids: tuple[int, ...]) -> int:
         """Number of leading blocks of ``hash_ids`` that are cached."""
-        ref = self.ref
-        m = 0
-        for b in hash_ids:
-            if b not in ref:
-                break
-            m += 1
-        return m
+        return len(list(takewhile(self.ref.__contains__, hash_ids)))
 
     def acquire(self, hash_ids: tuple[int, ...], hit: int, private: int) -> bool:
         """Pin the first ``hit`` cached blocks and allocate ``private`` new ones (evicting LRU blocks).
@@ -53,20 +53,15 @@ class PrefixCache:
             if self.free + len(lru) - pinned_evictable < private:
                 return False
         for b in hash_ids[:hit]:
-            if ref[b] == 0:
+            c = ref[b]
+            if c == 0:
                 del lru[b]
-            ref[b] += 1
-        if self.free < private:
-            index, rid = self.index, self.rid
-            n = private - self.free
-            for _ in range(n):
-                b, _ = lru.popitem(last=False)
+            ref[b] = c + 1
+        n = private - self.free
+        if n > 0:
+            for b in list(islice(lru, n)):
+                del lru[b]
                 del ref[b]
-                if index is not None:
-                    s = index[b]
-                    s.discard(rid)
-                    if not s:
-                        del index[b]
             self.free += n
             self.evictions += n
         self.free -= private
@@ -77,20 +72,15 @@ class PrefixCache:
 
         If another request cached the same id meanwhile, that copy is shared and ours is freed.
         """
-        ref, lru, index, rid = self.ref, self.lru, self.index, self.rid
+        ref = self.ref
+        get = ref.get
         for b in hash_ids[hit:]:
-            c = ref.get(b)
+            c = get(b)
             if c is None:
                 ref[b] = 1
-                if index is not None:
-                    s = index.get(b)
-                    if s is None:
-                        index[b] = {rid}
-                    else:
-                        s.add(rid)
             else:
                 if c == 0:
-                    del lru[b]
+                    del self.lru[b]
                 ref[b] = c + 1
                 self.free += 1
 

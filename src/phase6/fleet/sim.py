@@ -30,6 +30,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import takewhile
 from operator import attrgetter
 from typing import Any
 
@@ -42,6 +43,7 @@ from phase6.fleet.workload import BLOCK_TOKENS, Workload
 ROUTER_NAMES = ("round_robin", "least_loaded", "prefix_aware", "session_affinity")
 
 _outstanding = attrgetter("outstanding")
+_load = attrgetter("queued_prefill_tokens", "outstanding")
 
 
 # ---- event loops ---------------------------------------------------------------------------------------------------
@@ -99,6 +101,36 @@ def make_loop(name: str) -> HeapqLoop | SimpyLoop:
     raise ValueError(f"fleet.sim_engine: must be simpy or heapq, got {name!r}")
 
 
+def _first_step_reaching(run_s: Callable[[int, int, int], float], d: int, s: int, k: int, elapsed: float) -> int:
+    """Smallest m in [1, k] with run_s(d, s, m) >= elapsed, given that m = k qualifies (run_s increases in m).
+
+    Steps only get longer within a run (contexts grow), so m <= ceil(elapsed / first step) and is usually exactly
+    that; probing it and its neighbour first, then bisecting what is left, finds the same m as plain bisection over
+    [1, k] with 2-3 evaluations instead of log2(k).
+    """
+    first = run_s(d, s, 1)
+    if k == 1 or first >= elapsed:
+        return 1
+    lo, hi = 2, k
+    g = min(k, max(2, math.ceil(elapsed / first)))
+    if g < k:
+        if run_s(d, s, g) >= elapsed:
+            hi = g
+        else:
+            lo = g + 1
+    if hi == g and lo < g:
+        if run_s(d, s, g - 1) < elapsed:
+            return g
+        hi = g - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if run_s(d, s, mid) >= elapsed:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 # ---- requests and replicas -----------------------------------------------------------------------------------------
 class _Req:
     __slots__ = ("i", "arrival", "n_in", "n_out", "hid", "session", "hit", "m", "done", "pending", "blocks", "private",
@@ -132,7 +164,7 @@ class Replica:
     def __init__(self, rid: int, role: str, sim: Simulation, limits: EngineLimits) -> None:
         self.rid, self.role, self.sim = rid, role, sim
         self.max_seqs, self.budget = limits.max_num_seqs, limits.max_batched_tokens
-        self.cache = PrefixCache(limits.kv_blocks, sim.index if role != "decode" else None, rid)
+        self.cache = PrefixCache(limits.kv_blocks)
         self.waiting: deque[_Req] = deque()  # routed here, not admitted
         self.prefilling: deque[_Req] = deque()  # admitted, prompt not finished
         self.ready: list[_Req] = []  # decode role: KV arrived, joins at the next step
@@ -254,14 +286,7 @@ class Replica:
         if self.role != "decode" and (len(self.waiting) > 1 or len(self.prefilling) + self.n_dec >= self.max_seqs):
             return  # the newcomer cannot be admitted before the run ends anyway
         model, d, s, k = self.sim.model, self.n_dec, self.ctx_sum, self.run_k
-        elapsed = now - self.step_start
-        lo, hi = 1, k  # smallest m with run(m) >= elapsed; run(k) >= elapsed holds
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if model.decode_run_s(d, s, mid) >= elapsed:
-                hi = mid
-            else:
-                lo = mid + 1
+        lo = _first_step_reaching(model.decode_run_s, d, s, k, now - self.step_start)
         if lo == k:
             return
         self.run_k = lo
@@ -451,7 +476,6 @@ class Simulation:
         self.macro = macro  # False: one event per decode step (reference mode for tests; same results, slower)
         n = len(workload)
         self._check_fits()
-        self.index: dict[int, set[int]] | None = {} if router == "prefix_aware" and workload.hash_ids else None
         if topology.is_pd:
             self.front = [Replica(i, "prefill", self, limits) for i in range(topology.prefill)]
             self.back = [Replica(topology.prefill + i, "decode", self, limits) for i in range(topology.decode)]
@@ -526,31 +550,24 @@ class Simulation:
                 rep = self.sticky[r.session] = min(pool, key=_outstanding)
             return rep, 0
         # prefix_aware (Mooncake-style): minimise prompt tokens left to compute before this request's first token
-        # on that replica = its queued prefill tokens + this prompt minus the prefix it already caches.
-        matched: dict[int, int] = {}
-        idx = self.index
-        if idx is not None and r.hid:
-            alive = idx.get(r.hid[0])
-            if alive:
-                alive = set(alive)
-                m = 0
-                for b in r.hid:
-                    s = idx.get(b)
-                    if s is None:
-                        break
-                    alive &= s
-                    if not alive:
-                        break
-                    m += 1
-                    for rid in alive:
-                        matched[rid] = m
-        best, best_cost, best_hit = pool[0], math.inf, 0
-        for rep in pool:
-            m = matched.get(rep.rid, 0)
-            hit = min(m * BLOCK_TOKENS, r.n_in - 1) if m else 0
-            cost = rep.queued_prefill_tokens - hit
-            if cost < best_cost or (cost == best_cost and rep.outstanding < best.outstanding):
-                best, best_cost, best_hit = rep, cost, hit
+        # on that replica = its queued prefill tokens + this prompt minus the prefix it already caches; ties go to
+        # fewer outstanding requests, then the lower index. Only replicas caching the first block can have a hit:
+        # the best of the rest is the best by (queued, outstanding) alone, so only those few are scored in full.
+        best = min(pool, key=_load)
+        best_key = (best.queued_prefill_tokens, best.outstanding, best.rid)
+        best_hit = 0
+        hid = r.hid
+        if hid:
+            h0, n_hit = hid[0], r.n_in - 1
+            for rep in pool:
+                ref = rep.cache.ref
+                if h0 in ref:
+                    hit = len(list(takewhile(ref.__contains__, hid))) * BLOCK_TOKENS
+                    if hit > n_hit:
+                        hit = n_hit
+                    key = (rep.queued_prefill_tokens - hit, rep.outstanding, rep.rid)
+                    if key < best_key:
+                        best, best_key, best_hit = rep, key, hit
         return best, best_hit
 
     # -- PD hand-over --------------------------------------------------------------------------------------------------

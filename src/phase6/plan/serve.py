@@ -70,6 +70,8 @@ class ServeCostModel:
         # all KV bytes the tp GPUs together read per context token (replicated KV heads counted on every GPU)
         self.kv_bytes_per_token = 2 * model.num_layers * kv_heads_per_gpu(model, tp) * tp * model.head_dim * kv_bytes
         self.overhead_s = step_overhead_ms * 1e-3
+        self._allreduce: dict[int, float] = {}
+        self._per_tokens: dict[int, tuple[float, float, float, float, float, float]] = {}
         self.p2p_s = (pp - 1) * comm.p2p_time(model.hidden_size * 2, self.profile.fabric_for(tp * pp))
 
     # -- pieces ------------------------------------------------------------------------------------------------------
@@ -82,6 +84,12 @@ class ServeCostModel:
         return self.always_bytes + self.model.num_layers * touched * self.expert_bytes
 
     def allreduce_s(self, tokens: int) -> float:
+        t = self._allreduce.get(tokens)
+        if t is None:
+            t = self._allreduce[tokens] = self._allreduce_uncached(tokens)
+        return t
+
+    def _allreduce_uncached(self, tokens: int) -> float:
         if self.tp <= 1 or tokens <= 0:
             return 0.0
         t, _ = comm.all_reduce_time(tokens * self.model.hidden_size * 2.0, self.tp, self.fabric)
@@ -94,35 +102,55 @@ class ServeCostModel:
         return (self.weights_read_bytes(tokens) + self.kv_bytes_per_token * decode_ctx) / self.bytes_per_s
 
     # -- the StepTimeModel interface ---------------------------------------------------------------------------------
+    # The fleet simulator calls these millions of times: terms that depend only on the token count are cached per
+    # count (the same floating-point expressions, so cached and uncached results are bit-identical).
     def step_s(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx: int) -> float:
         tokens = prefill_tokens + decode_seqs
         if tokens <= 0:
             return 0.0
-        compute = self.compute_s(tokens, prefill_pairs + decode_ctx)
-        memory = self.memory_s(tokens, decode_ctx)
-        return max(compute, memory) + self.allreduce_s(tokens) + self.p2p_s + self.overhead_s
+        per = self._per_tokens.get(tokens) or self._tokens_terms(tokens)
+        compute = (per[0] + self.attn_flops_per_pair * (prefill_pairs + decode_ctx)) / self.flops_per_s
+        memory = (per[2] + self.kv_bytes_per_token * decode_ctx) / self.bytes_per_s
+        return max(compute, memory) + per[4] + self.p2p_s + self.overhead_s
+
+    def _tokens_terms(self, tokens: int) -> tuple[float, float, float, float, float, float]:
+        """(matmul FLOPs, attention s per context token, weight bytes read, KV s per context token, all-reduce s,
+        fixed s = all-reduces + pipeline p2p + step overhead) of a step of ``tokens`` tokens."""
+        ar = self.allreduce_s(tokens)
+        per = (
+            self.mm_flops_per_token * tokens,
+            self.attn_flops_per_pair * tokens / self.flops_per_s,
+            self.weights_read_bytes(tokens),
+            self.kv_bytes_per_token * tokens / self.bytes_per_s,
+            ar,
+            ar + self.p2p_s + self.overhead_s,
+        )
+        self._per_tokens[tokens] = per
+        return per
 
     def decode_run_s(self, decode_seqs: int, decode_ctx: int, num_steps: int) -> float:
         """Sum over j < num_steps of step_s(0, 0, decode_seqs, decode_ctx + j·decode_seqs), in closed form."""
         d, k = decode_seqs, num_steps
         if d <= 0 or k <= 0:
             return 0.0
-        c0, c1 = self.compute_s(d, decode_ctx), self.attn_flops_per_pair * d / self.flops_per_s
-        m0, m1 = self.memory_s(d, decode_ctx), self.kv_bytes_per_token * d / self.bytes_per_s
-        fixed = k * (self.allreduce_s(d) + self.p2p_s + self.overhead_s)
+        mm, c1, wbytes, m1, _, fixed1 = self._per_tokens.get(d) or self._tokens_terms(d)
+        c0 = (mm + self.attn_flops_per_pair * decode_ctx) / self.flops_per_s
+        m0 = (wbytes + self.kv_bytes_per_token * decode_ctx) / self.bytes_per_s
+        fixed = k * fixed1
         # Both lines grow linearly in j; the max switches at most once, at j* where they cross.
         if c1 == m1:
             return k * max(c0, m0) + (c1 * k * (k - 1) / 2) + fixed
         cross = (m0 - c0) / (c1 - m1)
         switch = min(max(math.ceil(cross), 0), k)
-
-        def arith(a: float, b: float, j0: int, j1: int) -> float:
-            n = j1 - j0
-            return n * a + b * n * (j0 + j1 - 1) / 2 if n > 0 else 0.0
-
         if c1 > m1:  # memory-bound first, compute-bound from the crossing on
-            return arith(m0, m1, 0, switch) + arith(c0, c1, switch, k) + fixed
-        return arith(c0, c1, 0, switch) + arith(m0, m1, switch, k) + fixed
+            a0, b0, a1, b1 = m0, m1, c0, c1
+        else:
+            a0, b0, a1, b1 = c0, c1, m0, m1
+        # sum of a + b·j over j in [0, switch) and [switch, k): n·a + b·n·(j0 + j1 - 1)/2 each
+        first = switch * a0 + b0 * switch * (switch - 1) / 2 if switch > 0 else 0.0
+        n = k - switch
+        second = n * a1 + b1 * n * (switch + k - 1) / 2 if n > 0 else 0.0
+        return first + second + fixed
 
     # -- conveniences ------------------------------------------------------------------------------------------------
     def prefill_s(self, prompt_len: int, batch: int = 1) -> float:
