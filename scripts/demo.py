@@ -12,7 +12,11 @@ from pathlib import Path
 
 from phase6.config import CONFIG_DIR, JOBS
 
-EXAMPLES = {"cost": ["hardware=h100_sxm", "gpus=8", "hours=0.75", "output_tokens=5e9"]}
+EXAMPLES = {
+    "cost": ["hardware=h100_sxm", "gpus=8", "hours=0.75", "output_tokens=5e9"],
+    "prepare_data": ["run.name=demo"],  # the embedded corpus (CPython's docs), byte tokenizer: offline anywhere
+    "plan": ["model=llama3.1-70b", "hardware=h100_sxm", "gpus=8", "workload=serve"],
+}
 
 
 def main() -> int:
