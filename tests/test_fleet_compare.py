@@ -23,7 +23,14 @@ import yaml
 from phase6.config import CONFIG_DIR, HardwareConfig, LoggerConfig, RunConfig
 from phase6.config.fleet import EngineConfig, FleetRunConfig
 from phase6.config.serve import LengthDist, LoadConfig, ServeBenchRunConfig, ServeConfig
-from phase6.fleet.compare import calibrate, compare_serve_bench, engine_limits, load_serve_bench
+from phase6.fleet.compare import (
+    calibrate,
+    compare_serve_bench,
+    engine_limits,
+    fit_prefill,
+    load_serve_bench,
+    ttft_line,
+)
 from phase6.fleet.run import FleetSetup, build_setup
 from phase6.fleet.sim import EngineLimits, SimResult, Topology
 from phase6.fleet.steptime import kv_capacity_blocks, planner_model
@@ -71,13 +78,16 @@ def write_serve_bench_run(run_dir: Path, w: Workload, res: SimResult, c: int) ->
     rec.finish([row], extra={"details": details})
 
 
+PLANTED = {"step_overhead_ms": 3.0, "prefill_overhead_ms": 40.0, "prefill_mfu": 0.35}
+
+
 def planted_sweep(tmp_path: Path) -> tuple[Path, FleetRunConfig, FleetSetup, EngineConfig]:
-    """A 'measured' sweep C=1/16/64 made by the simulator with step overhead 3 ms and prefill MFU 0.35, requests of
-    the 6B H200 load (prompts 100-1000, outputs 64-128), under the recorded torch-tp limits (64 seqs, 16384)."""
+    """A 'measured' sweep C=1/16/64 made by the simulator with step overhead 3 ms, prefill overhead 40 ms and prefill
+    MFU 0.35, requests of the 6B H200 load (prompts 100-1000, outputs 64-128), under the recorded torch-tp limits
+    (64 seqs, 16384)."""
     cfg = FleetRunConfig(hardware=HW, model="llama3.1-8b", engine=EngineConfig(tp=1))
     setup = build_setup(cfg)
-    true_eng = dataclasses.replace(cfg.engine, step_overhead_ms=3.0, prefill_mfu=0.35, max_num_seqs=64,
-                                   max_batched_tokens=16384)
+    true_eng = dataclasses.replace(cfg.engine, **PLANTED, max_num_seqs=64, max_batched_tokens=16384)
     limits = EngineLimits(64, 16384, kv_capacity_blocks(setup.spec, HW, true_eng))
     true = dataclasses.replace(setup, model=planner_model(setup.spec, HW, true_eng), limits=limits)
     rng = np.random.default_rng(0)
@@ -96,7 +106,7 @@ def test_replay_reproduces_the_run_exactly(tmp_path: Path) -> None:
     runs, skipped = load_serve_bench(sweep)
     assert [r.concurrency for r in runs] == [1, 16, 64] and skipped == []
     assert engine_limits(runs[0], cfg.engine)[:2] == (64, 16384)
-    exact = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, step_overhead_ms=3.0, prefill_mfu=0.35))
+    exact = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **PLANTED))
     out, _ = compare_serve_bench(sweep, exact, setup, calibrate_rows=False)
     assert [o["concurrency"] for o in out] == [1, 16, 64]
     for o in out:
@@ -109,22 +119,46 @@ def test_replay_reproduces_the_run_exactly(tmp_path: Path) -> None:
 
 
 def test_calibration_on_c1_predicts_c16_c64(tmp_path: Path) -> None:
-    """Fitting on the C=1 run alone recovers the planted 3 ms / 0.35 (replayed over its varied lengths), and then
-    C=16 and C=64 are predicted to 0.01 % (the planner defaults are off by > 20 %)."""
+    """Fitting on the C=1 run alone recovers the planted 3 ms / 40 ms / 0.35 (TPOT p50; TTFT vs prompt length over
+    its requests), and then C=16 and C=64 are predicted to 0.01 % (the planner defaults are off by > 20 %)."""
     sweep, cfg, setup, _ = planted_sweep(tmp_path)
     runs, _ = load_serve_bench(sweep)
     seqs, budget, _ = engine_limits(runs[0], cfg.engine)
     limits = EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, HW, cfg.engine))
     fit = calibrate(setup, runs[0], dataclasses.replace(cfg.engine, max_num_seqs=seqs, max_batched_tokens=budget),
                     limits)
-    assert fit.step_overhead_ms == pytest.approx(3.0, rel=1e-4) and fit.prefill_mfu == pytest.approx(0.35, rel=1e-4)
+    for k, v in PLANTED.items():
+        assert getattr(fit, k) == pytest.approx(v, rel=1e-4), k
     out, _ = compare_serve_bench(sweep, cfg, setup)
     assert [o["role"] for o in out] == ["calibration (fitted here)", "prediction", "prediction"]
-    assert out[2]["calibration"] == "fitted at C=1: step overhead 3.00 ms, prefill_mfu 0.350"
+    assert out[2]["calibration"].startswith("fitted at C=1: step overhead 3.00 ms, prefill overhead 40.0 ms, "
+                                            "prefill_mfu 0.350 (TTFT fit mean |error| 0.0 ms over 40 requests")
     for o in out:
         assert abs(o["ttft_err_pct"]) < 0.01 and abs(o["tpot_err_pct"]) < 0.01 and o["within_20pct"], o
     raw, _ = compare_serve_bench(sweep, cfg, setup, calibrate_rows=False)
     assert any(not o["within_20pct"] for o in raw)  # planner defaults miss: the calibration is what predicts
+    with pytest.raises(ValueError, match=r"/1: the calibration needs the concurrency-1 run .* got concurrency 16"):
+        calibrate(setup, runs[1], cfg.engine, limits)
+
+
+def test_prefill_fit_is_robust_to_a_stray_request(tmp_path: Path) -> None:
+    """One C=1 request 1 s late (a hiccup, like the real TP=1 run's 1158 ms request) barely moves the
+    least-absolute-deviation fit; a least-squares line would take ~50 ms of intercept from it."""
+    sweep, cfg, setup, _ = planted_sweep(tmp_path)
+    run = load_serve_bench(sweep / "0")[0][0]
+    limits = EngineLimits(64, 16384, kv_capacity_blocks(setup.spec, HW, cfg.engine))
+    eng = dataclasses.replace(cfg.engine, step_overhead_ms=3.0, max_num_seqs=64, max_batched_tokens=16384)
+    clean = fit_prefill(setup, run, eng, limits)
+    assert clean[0] == pytest.approx(0.35, rel=1e-4) and clean[1] == pytest.approx(40.0, rel=1e-4) and clean[2] < 1e-3
+    run.ttft_ms[5] += 1000.0
+    mfu, overhead, mad = fit_prefill(setup, run, eng, limits)
+    assert mfu == pytest.approx(0.35, rel=0.05) and overhead == pytest.approx(40.0, abs=2.0)
+    assert mad == pytest.approx(1000.0 / len(run.ttft_ms), rel=0.1)  # the stray request is the whole residual
+    # the Theil-Sen line reported beside the fit: exact on a line, and also unmoved by the stray request
+    on_line = dataclasses.replace(run, ttft_ms=100.0 + 0.05 * run.input_tokens)
+    assert ttft_line(on_line) == pytest.approx((100.0, 50.0), rel=1e-9)
+    on_line.ttft_ms[5] += 1000.0
+    assert ttft_line(on_line) == pytest.approx((100.0, 50.0), rel=1e-9)
 
 
 def test_real_h200_sweep_schema(tmp_path: Path) -> None:
@@ -152,6 +186,11 @@ def test_bad_records_name_the_file(tmp_path: Path) -> None:
     lines = (run / "requests.jsonl").read_text().splitlines()
     (run / "requests.jsonl").write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(ValueError, match=r"requests.jsonl: 19 completed requests, but results.json says completed = 20"):
+        load_serve_bench(run)
+    rec = json.loads(lines[3])
+    del rec["ttft_s"]
+    (run / "requests.jsonl").write_text("\n".join([*lines[:3], json.dumps(rec), *lines[4:]]) + "\n")
+    with pytest.raises(ValueError, match=r"requests.jsonl:4: a completed request needs a number ttft_s >= 0, got None"):
         load_serve_bench(run)
     (run / "requests.jsonl").unlink()
     with pytest.raises(ValueError, match=r"run/requests.jsonl: not found"):

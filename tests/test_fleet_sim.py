@@ -47,10 +47,12 @@ def max_overlap(start: np.ndarray, end: np.ndarray) -> int:
 
 
 @pytest.mark.parametrize("n_in", [100, 3000])
-def test_single_request_reproduces_planner_ttft_tpot(n_in: int) -> None:
+@pytest.mark.parametrize("overheads_ms", [(0.0, 0.0), (4.0, 90.0)])
+def test_single_request_reproduces_planner_ttft_tpot(n_in: int, overheads_ms: tuple[float, float]) -> None:
     n_out = 64  # decode contexts n_in+1 .. n_in+63 average to n_in + 32
-    r = simulate(one(n_in, n_out), MODEL, LIMITS, Topology(colocated=1), "round_robin")
-    p = serve_latency(SPEC, HW, tp=2, batch=1, context=n_in + n_out // 2, prompt_len=n_in, efficiency=efficiency(ENG))
+    eng = dataclasses.replace(ENG, step_overhead_ms=overheads_ms[0], prefill_overhead_ms=overheads_ms[1])
+    r = simulate(one(n_in, n_out), planner_model(SPEC, HW, eng), LIMITS, Topology(colocated=1), "round_robin")
+    p = serve_latency(SPEC, HW, tp=2, batch=1, context=n_in + n_out // 2, prompt_len=n_in, efficiency=efficiency(eng))
     assert r.ttft_s[0] * 1e3 == pytest.approx(p.prefill_ms, rel=1e-12)
     assert r.tpot_s[0] * 1e3 == pytest.approx(p.decode_ms, rel=1e-9)
 
@@ -218,7 +220,8 @@ class ReferenceStepTime:
         if tokens <= 0:
             return 0.0
         step = max(m.compute_s(tokens, prefill_pairs + decode_ctx), m.memory_s(tokens, decode_ctx))
-        return step + m._allreduce_uncached(tokens) + m.p2p_s + m.overhead_s
+        step = step + m._allreduce_uncached(tokens) + m.p2p_s + m.overhead_s
+        return step + m.prefill_overhead_s if prefill_tokens > 0 else step
 
     def decode_run_s(self, d: int, ctx: int, k: int) -> float:
         m = self.m
@@ -274,10 +277,11 @@ def bisect_first_step(run_s: Any, d: int, s: int, k: int, elapsed: float) -> int
 def test_fast_paths_equal_straightforward_versions(topo: Topology, router: str, monkeypatch: Any) -> None:
     """The speed work (prefix router scoring only replicas that hold the first block, cached step-time terms,
     bracketed search for where an arrival cuts a decode run) changes no result bit: same times, hits, replicas and
-    evictions as the straightforward versions, with a per-step overhead and TP all-reduces in the step times."""
+    evictions as the straightforward versions, with step and prefill overheads and TP all-reduces in the step times."""
     w = synthetic(1500, 12.0, [RequestClass(1.0, 100, 3000, 20, 300)], 3, prefix_groups=12, prefix_tokens=2048,
                   turns=3, think_time_s=2.0)
-    model = planner_model(SPEC, HW, dataclasses.replace(ENG, step_overhead_ms=2.5, prefill_mfu=0.4))
+    model = planner_model(SPEC, HW, dataclasses.replace(ENG, step_overhead_ms=2.5, prefill_overhead_ms=30.0,
+                                                        prefill_mfu=0.4))
     lim = EngineLimits(32, 2048, 40)  # small KV: evictions and admission waits
     fast = simulate(w, model, lim, topo, router, kv_transfer_s=xfer)
     monkeypatch.setattr(Simulation, "_route", reference_route)

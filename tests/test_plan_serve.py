@@ -76,3 +76,22 @@ def test_latency_reports_fit_and_capacity() -> None:
 def test_bad_tp() -> None:
     with pytest.raises(ValueError, match="does not divide"):
         ServeCostModel(LLAMA70, HW, tp=3)
+
+
+def test_step_and_prefill_overheads() -> None:
+    """step_overhead_ms is paid by every step, prefill_overhead_ms only by steps that prefill (docs/cost_model.md §5);
+    decode runs and serve_latency's prefill/decode numbers carry them the same way."""
+    spec = resolve_model("llama3.1-8b")
+    base = ServeCostModel(spec, HW, tp=2, efficiency=EFF)
+    eff = EfficiencyConfig(prefill_mfu=0.5, decode_hbm_efficiency=0.7, step_overhead_ms=4.0, prefill_overhead_ms=90.0)
+    m = ServeCostModel(spec, HW, tp=2, efficiency=eff)
+    assert m.decode_step_s(8, 1000) == pytest.approx(base.decode_step_s(8, 1000) + 4e-3, rel=1e-12)
+    assert m.prefill_s(700) == pytest.approx(base.prefill_s(700) + 94e-3, rel=1e-12)
+    mixed = (300, causal_pairs(0, 300), 8, 8000)
+    assert m.step_s(*mixed) == pytest.approx(base.step_s(*mixed) + 94e-3, rel=1e-12)
+    assert m.decode_run_s(8, 8000, 50) == pytest.approx(base.decode_run_s(8, 8000, 50) + 50 * 4e-3, rel=1e-12)
+    lat = serve_latency(spec, HW, 2, 8, 1000, prompt_len=700, efficiency=eff)
+    assert lat.prefill_ms == pytest.approx(1e3 * m.prefill_s(700, 8))
+    assert lat.decode_ms == pytest.approx(1e3 * m.decode_step_s(8, 1000))
+    with pytest.raises(ValueError, match=r"plan.efficiency.prefill_overhead_ms: must be >= 0 ms, got -1"):
+        EfficiencyConfig(prefill_overhead_ms=-1.0)

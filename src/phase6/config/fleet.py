@@ -114,6 +114,9 @@ class EngineConfig:
     """Planner: per-GPU memory outside weights and KV (CUDA context, NCCL buffers, activations), GiB."""
     step_overhead_ms: float = 0.0
     """Planner: fixed per-step cost (scheduler, sampling, launches), ms; calibrate from serve-bench TPOT at C=1."""
+    prefill_overhead_ms: float = 0.0
+    """Planner: extra fixed cost of a step that prefills, ms (plan EfficiencyConfig.prefill_overhead_ms); calibrate
+    from the TTFT-vs-prompt-length line of a serve-bench run at C=1."""
     bytes_per_param: float = 2.0
     """Weight bytes per parameter (2 = bf16)."""
     kv_bytes_per_elem: float = 2.0
@@ -140,6 +143,8 @@ class EngineConfig:
         require(self.runtime_overhead_gib >= 0, "engine.runtime_overhead_gib",
                 f"must be >= 0, got {self.runtime_overhead_gib}")
         require(self.step_overhead_ms >= 0, "engine.step_overhead_ms", f"must be >= 0, got {self.step_overhead_ms}")
+        require(self.prefill_overhead_ms >= 0, "engine.prefill_overhead_ms",
+                f"must be >= 0, got {self.prefill_overhead_ms}")
         require(self.bytes_per_param > 0, "engine.bytes_per_param", f"must be > 0, got {self.bytes_per_param}")
         require(self.kv_bytes_per_elem > 0, "engine.kv_bytes_per_elem", f"must be > 0, got {self.kv_bytes_per_elem}")
 

@@ -38,6 +38,15 @@ class EfficiencyConfig:
     runtime_overhead_gib: float = 1.5
     """Per-GPU memory outside weights/KV/activations we model: CUDA context (~0.5 GiB), NCCL buffers, allocator
     fragmentation, a prefill chunk's activations."""
+    step_overhead_ms: float = 0.0
+    """Serving: fixed time every engine step pays on top of the roofline (scheduler, sampling, kernel launches,
+    host-device syncs), ms. 0 = pure roofline. phase6's torch-tp server on one H200: ~5 ms (Qwen2.5-14B shapes, TPOT
+    at concurrency 1 minus the weight read; docs/benchmarks.md). Fit it with `phase6 fleet experiment=compare`."""
+    prefill_overhead_ms: float = 0.0
+    """Serving: extra fixed time of a step that prefills (on top of step_overhead_ms), ms: work per prefill step
+    that does not scale with its tokens (eager launches where decode replays CUDA graphs, input building, first-token
+    sampling/streaming). torch-tp on one H200: prefill steps ~110 ms + ~53 ms per 1000 padded tokens
+    (scripts/prefill_steps.py). Fit from the TTFT-vs-prompt-length line of a concurrency-1 run."""
 
     def __post_init__(self) -> None:
         if self.mfu is not None:
@@ -50,6 +59,9 @@ class EfficiencyConfig:
             "plan.efficiency.runtime_overhead_gib",
             f"must be >= 0, got {self.runtime_overhead_gib}",
         )
+        for k in ("step_overhead_ms", "prefill_overhead_ms"):
+            v = getattr(self, k)
+            require(v >= 0, f"plan.efficiency.{k}", f"must be >= 0 ms, got {v}")
 
 
 @dataclass

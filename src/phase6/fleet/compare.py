@@ -15,11 +15,14 @@ Request lengths: ``analysis.compare_lengths=requests`` (default) replays the com
 length distribution, not the means); ``mean`` replays every request at the run's mean prompt/output (identical
 requests make a closed loop run in lockstep, all C clients finishing and re-arriving together, which inflates TTFT).
 
-Calibration (``calibrate=True``, default): two planner parameters are fitted on the *lowest-concurrency* run of
-each TP only and then held for every other run, so C=16/64 are predictions, not fits. Both are fitted by replaying
-that run in the simulator (:func:`calibrate`), so they hold for its length distribution:
-  step_overhead_ms  so that the simulated TPOT p50 equals the measured one (the fixed cost every step pays)
-  prefill_mfu       so that the simulated TTFT p50 equals the measured one (prefill compute scales as 1 / MFU)
+Calibration (``calibrate=True``, default): three planner parameters are fitted on the *lowest-concurrency* run of
+each TP only (concurrency 1 in a sweep) and then held for every other run, so C=16/64 are predictions, not fits:
+  step_overhead_ms     the fixed cost every step pays: bisected until the replayed TPOT p50 equals the measured one
+  prefill_mfu,         slope and intercept of TTFT vs prompt length over that run's requests: at C=1 a request
+  prefill_overhead_ms  finds the server idle, so its TTFT is its own prefill step(s) (:func:`idle_ttft_s`), and the
+                       two are the least-absolute-deviation fit of those steps to the measured TTFTs (robust to a
+                       stray slow request; the intercept is the extra fixed cost of a step that prefills)
+(:func:`calibrate`; the ordinary Theil-Sen line through the same points is reported next to it.)
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import yaml
 
 from phase6.config.fleet import EngineConfig, FleetRunConfig
 from phase6.fleet.sim import EngineLimits, SimResult, Topology
-from phase6.fleet.steptime import kv_capacity_blocks, planner_model
+from phase6.fleet.steptime import StepTimeModel, kv_capacity_blocks, planner_model, prefill_pairs
 from phase6.fleet.workload import Workload
 
 if TYPE_CHECKING:  # run.py imports this module inside main(); a runtime import here would be circular
@@ -68,6 +71,8 @@ class MeasuredRun:
     """(N,) int64 prompt tokens of each completed request, in send (index) order."""
     output_tokens: np.ndarray
     """(N,) int64 output tokens of each completed request."""
+    ttft_ms: np.ndarray
+    """(N,) float64 measured TTFT of each completed request, ms (the client's ``ttft_s``)."""
     prompt_from_client: int
     """Requests whose prompt length is the client tokenizer's count (the server reported no usage)."""
     config: dict[str, Any]
@@ -89,12 +94,13 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _read_requests(path: Path, completed: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(prompt tokens, output tokens, prompts counted by the client) of the completed requests, by send index."""
+def _read_requests(path: Path, completed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(prompt tokens, output tokens, TTFT ms, prompts counted by the client) of the completed requests, by send
+    index."""
     if not path.is_file():
         raise ValueError(f"{path}: not found (serve-bench writes one record per request there; the comparison "
                          "replays those requests)")
-    recs: list[tuple[int, int, int, bool]] = []
+    recs: list[tuple[int, int, int, bool, float]] = []
     with path.open() as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -113,12 +119,15 @@ def _read_requests(path: Path, completed: int) -> tuple[np.ndarray, np.ndarray, 
             if not isinstance(inp, int) or inp < 1 or not isinstance(out, int) or out < 1:
                 raise ValueError(f"{path}:{line_no}: a completed request needs prompt_tokens (or prompt_len) >= 1 and "
                                  f"output_tokens >= 1, got {inp!r}, {out!r}")
-            recs.append((r["index"], inp, out, not isinstance(usage, int)))
+            ttft = r.get("ttft_s")
+            if not _number(ttft) or ttft < 0:
+                raise ValueError(f"{path}:{line_no}: a completed request needs a number ttft_s >= 0, got {ttft!r}")
+            recs.append((r["index"], inp, out, not isinstance(usage, int), 1e3 * float(ttft)))
     if len(recs) != completed:
         raise ValueError(f"{path}: {len(recs)} completed requests, but results.json says completed = {completed}")
     recs.sort()
     return (np.asarray([r[1] for r in recs], dtype=np.int64), np.asarray([r[2] for r in recs], dtype=np.int64),
-            sum(r[3] for r in recs))
+            np.asarray([r[4] for r in recs], dtype=np.float64), sum(r[3] for r in recs))
 
 
 def load_run(run_dir: str | Path) -> MeasuredRun | str:
@@ -141,10 +150,10 @@ def load_run(run_dir: str | Path) -> MeasuredRun | str:
         raise ValueError(f"{res_path}: rows[0] lacks numeric {', '.join(missing)}")
     if row["completed"] < 1:
         return f"{d}: no request completed"
-    inp, out, from_client = _read_requests(d / "requests.jsonl", int(row["completed"]))
+    inp, out, ttft, from_client = _read_requests(d / "requests.jsonl", int(row["completed"]))
     cfg_path = d / "config.yaml"
     config = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else {}
-    return MeasuredRun(d, row, inp, out, from_client, config if isinstance(config, dict) else {})
+    return MeasuredRun(d, row, inp, out, ttft, from_client, config if isinstance(config, dict) else {})
 
 
 def load_serve_bench(path: str | Path) -> tuple[list[MeasuredRun], list[str]]:
@@ -224,7 +233,11 @@ def engine_limits(run: MeasuredRun, engine: EngineConfig) -> tuple[int, int, str
 
 
 CALIBRATION_ROUNDS = 3
-"""Alternating fits of (step overhead | prefill MFU); at C=1 they barely interact and one round already converges."""
+"""Alternating fits of (step overhead | prefill MFU and overhead); at C=1 they barely interact (the MFU touches a
+decode step only when it is compute-bound), and one round already converges."""
+
+MFU_GRID = np.geomspace(1e-3, 1.0, 121)
+"""Coarse search grid of the prefill MFU (then refined by golden section around the best point)."""
 
 
 def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float, steps: int = 40) -> float:
@@ -237,6 +250,78 @@ def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float, st
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
     return 0.5 * (lo + hi)
+
+
+def idle_ttft_s(model: StepTimeModel, prompt_tokens: int, budget: int) -> tuple[float, int]:
+    """(TTFT, prefill steps) of one request on an idle replica: its prompt in chunks of ``budget`` tokens, one step
+    each, the last one emitting the first token -- what the simulator does for a request that finds no other work."""
+    t, done, steps = 0.0, 0, 0
+    while done < prompt_tokens:
+        c = min(budget, prompt_tokens - done)
+        t += model.step_s(c, prefill_pairs(done, c), 0, 0)
+        done += c
+        steps += 1
+    return t, steps
+
+
+def _weighted_median(x: np.ndarray, w: np.ndarray) -> float:
+    """A minimiser of sum w_i |x_i - m| (the lower weighted median)."""
+    order = np.argsort(x, kind="stable")
+    cw = np.cumsum(w[order])
+    return float(x[order][np.searchsorted(cw, 0.5 * cw[-1])])
+
+
+def fit_prefill(setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits
+                ) -> tuple[float, float, float]:
+    """(prefill_mfu, prefill_overhead_ms, mean absolute deviation ms) fitted to the run's per-request TTFTs.
+
+    Model of request i (idle replica, the other planner parameters as in ``engine``): TTFT_i = base_i(mfu) + n_i·o,
+    base_i = its prefill step(s) with no prefill overhead, n_i = their number, o = the prefill overhead. For a given
+    MFU the o >= 0 minimising sum |TTFT_i - base_i - n_i·o| is a weighted median; the MFU is searched on a log grid
+    over [1e-3, 1] and refined by golden section (a bound is kept when the data asks for more).
+    """
+    ttft_s = run.ttft_ms / 1e3
+    budget = limits.max_batched_tokens
+    lengths = [int(p) for p in run.input_tokens]
+
+    def fit_o(mfu: float) -> tuple[float, float]:
+        model = planner_model(setup.spec, setup.hardware, dataclasses.replace(engine, prefill_mfu=mfu,
+                                                                              prefill_overhead_ms=0.0))
+        base, n = np.asarray([idle_ttft_s(model, p, budget) for p in lengths]).T
+        o = max(0.0, _weighted_median((ttft_s - base) / n, n))
+        return o, float(np.abs(ttft_s - base - n * o).sum())
+
+    logs = np.log(MFU_GRID)
+    losses = [fit_o(float(m))[1] for m in MFU_GRID]
+    j = int(np.argmin(losses))
+    lo, hi = logs[max(j - 1, 0)], logs[min(j + 1, len(logs) - 1)]
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = fit_o(math.exp(a))[1], fit_o(math.exp(b))[1]
+    for _ in range(60):  # golden section on log(mfu); the bracket shrinks to ~1e-12 of its width
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = fit_o(math.exp(a))[1]
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = fit_o(math.exp(b))[1]
+    best = min([(losses[j], logs[j]), (fa, a), (fb, b)])[1]
+    mfu = float(min(1.0, math.exp(best)))
+    o, loss = fit_o(mfu)
+    return mfu, 1e3 * o, 1e3 * loss / len(lengths)
+
+
+def ttft_line(run: MeasuredRun) -> tuple[float, float]:
+    """Theil-Sen line through (prompt tokens, TTFT ms) of the run's requests: (intercept ms, ms per 1000 tokens)."""
+    x, y = run.input_tokens.astype(float), run.ttft_ms
+    i, j = np.triu_indices(len(x), 1)
+    keep = x[i] != x[j]
+    if not keep.any():
+        return float(np.median(y)), 0.0
+    slope = float(np.median((y[j] - y[i])[keep] / (x[j] - x[i])[keep]))
+    return float(np.median(y - slope * x)), 1e3 * slope
 
 
 def replay(setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits, lengths: str = "requests"
@@ -261,26 +346,26 @@ def p50_ms(res: SimResult) -> tuple[float, float]:
 
 def calibrate(setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits,
               lengths: str = "requests") -> EngineConfig:
-    """Fit step_overhead_ms (to TPOT p50) and prefill_mfu (to TTFT p50) of one low-concurrency run by replaying it.
+    """Fit step_overhead_ms (to TPOT p50, by replaying the run) and prefill_mfu + prefill_overhead_ms (to the TTFT
+    of each request vs its prompt length, :func:`fit_prefill`) on one concurrency-1 run.
 
-    Each parameter is found by bisection on the simulated replay of the run itself, so the fit holds for the run's
-    length distribution (not only its mean): TPOT p50 rises with the overhead (every step pays it); TTFT p50 falls
-    as the MFU rises (prefill compute / MFU). Bounds: overhead in [0, TPOT p50], MFU in [1e-3, 1] (a bound is kept
-    when the measurement lies outside what the planner can reach).
+    TPOT p50 rises with the step overhead (every decode step pays it), so it is bisected in [0, TPOT p50] on the
+    simulated replay of the run itself. The prefill pair comes from the run's own requests: at C=1 each finds the
+    server idle, so its TTFT is its own prefill, and the spread of prompt lengths gives the slope (MFU) and the
+    intercept (overhead) -- data of the calibration run only.
     """
-    ttft, tpot = float(run.row["ttft_p50_ms"]), float(run.row["tpot_p50_ms"])
+    if run.concurrency != 1:
+        raise ValueError(f"{run.run_dir}: the calibration needs the concurrency-1 run (TTFT = one request's own "
+                         f"prefill on an idle server), got concurrency {run.concurrency}; add load.concurrency=1 to "
+                         "the sweep or pass analysis.compare_calibrate=false")
+    tpot = float(run.row["tpot_p50_ms"])
     eng = engine
-
-    def sim(e: EngineConfig) -> tuple[float, float]:
-        return p50_ms(replay(setup, run, e, limits, lengths))
-
     for _ in range(CALIBRATION_ROUNDS):
-        oh = _bisect(lambda x, e=eng: sim(dataclasses.replace(e, step_overhead_ms=x))[1], 0.0, tpot, tpot)
+        oh = _bisect(lambda x, e=eng: p50_ms(replay(setup, run, dataclasses.replace(e, step_overhead_ms=x), limits,
+                                                    lengths))[1], 0.0, tpot, tpot)
         eng = dataclasses.replace(eng, step_overhead_ms=oh)
-        # TTFT falls with log(mfu); bisect on -log(mfu) so that the function is increasing
-        neg_log = _bisect(lambda x, e=eng: sim(dataclasses.replace(e, prefill_mfu=math.exp(-x)))[0], 0.0,
-                          -math.log(1e-3), ttft)
-        eng = dataclasses.replace(eng, prefill_mfu=math.exp(-neg_log))
+        mfu, po, _ = fit_prefill(setup, run, eng, limits)
+        eng = dataclasses.replace(eng, prefill_mfu=mfu, prefill_overhead_ms=po)
     return eng
 
 
@@ -293,7 +378,7 @@ def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: FleetSetup
     runs, skipped = load_serve_bench(path)
     runs.sort(key=lambda r: (int(r.row.get("tp") or cfg.engine.tp), r.concurrency))
     out_rows: list[dict[str, Any]] = []
-    calibrated: dict[int, tuple[int, EngineConfig]] = {}  # tp -> (concurrency fitted on, engine)
+    calibrated: dict[int, tuple[MeasuredRun, EngineConfig, str]] = {}  # tp -> (run fitted on, engine, summary)
     for run in runs:
         r = run.row
         tp = int(r.get("tp") or cfg.engine.tp)
@@ -304,9 +389,17 @@ def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: FleetSetup
         limits = EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, cfg.hardware, engine))  # this TP's KV
         if calibrate_rows:
             if tp not in calibrated:  # the lowest concurrency of this TP (runs are sorted)
-                calibrated[tp] = (c, calibrate(setup, run, engine, limits, lengths))
+                fit = calibrate(setup, run, engine, limits, lengths)
+                mad = fit_prefill(setup, run, fit, limits)[2]
+                icpt, slope = ttft_line(run)
+                calibrated[tp] = (run, fit, (
+                    f"fitted at C={c}: step overhead {fit.step_overhead_ms:.2f} ms, prefill overhead "
+                    f"{fit.prefill_overhead_ms:.1f} ms, prefill_mfu {fit.prefill_mfu:.3f} (TTFT fit mean |error| "
+                    f"{mad:.1f} ms over {len(run.input_tokens)} requests; Theil-Sen TTFT line {icpt:.0f} ms + "
+                    f"{slope:.0f} ms per 1000 prompt tokens)"))
             fit = calibrated[tp][1]
-            engine = dataclasses.replace(engine, step_overhead_ms=fit.step_overhead_ms, prefill_mfu=fit.prefill_mfu)
+            engine = dataclasses.replace(engine, step_overhead_ms=fit.step_overhead_ms, prefill_mfu=fit.prefill_mfu,
+                                         prefill_overhead_ms=fit.prefill_overhead_ms)
         res = replay(setup, run, engine, limits, lengths)
         n = len(run.input_tokens)
         mean_in, mean_out = float(run.input_tokens.mean()), float(run.output_tokens.mean())
@@ -314,7 +407,7 @@ def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: FleetSetup
         sim_tok_s = float(res.output_tokens.sum()) / res.makespan_s
         e_ttft = sim_ttft / float(r["ttft_p50_ms"]) - 1
         e_tpot = sim_tpot / float(r["tpot_p50_ms"]) - 1
-        fitted_here = calibrate_rows and calibrated[tp][0] == c
+        fitted_here = calibrate_rows and calibrated[tp][0] is run
         out_rows.append({
             "run": run.run_dir.name, "engine": r.get("engine"), "tp": tp, "concurrency": c, "requests": n,
             "failed": r.get("failed", 0), "mean_input_tokens": mean_in, "mean_output_tokens": mean_out,
@@ -323,8 +416,7 @@ def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: FleetSetup
             "throughput_tok_s_measured": r.get("throughput_tok_s"), "throughput_tok_s_sim": sim_tok_s,
             "within_20pct": abs(e_ttft) <= TOLERANCE and abs(e_tpot) <= TOLERANCE,
             "role": ("calibration (fitted here)" if fitted_here else "prediction") if calibrate_rows else "prediction",
-            "calibration": (f"fitted at C={calibrated[tp][0]}: step overhead {engine.step_overhead_ms:.2f} ms, "
-                            f"prefill_mfu {engine.prefill_mfu:.3f}") if calibrate_rows else "none (planner defaults)",
+            "calibration": calibrated[tp][2] if calibrate_rows else "none (planner defaults)",
             "lengths": (f"{lengths}; prompt tokens from server usage"
                         + (f" ({run.prompt_from_client} from the client tokenizer)" if run.prompt_from_client else "")),
             "engine_limits": limits_src,

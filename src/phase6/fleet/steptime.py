@@ -132,7 +132,8 @@ def efficiency(engine: EngineConfig) -> EfficiencyConfig:
     """The planner's efficiency assumptions, taken from the fleet engine config."""
     return EfficiencyConfig(prefill_mfu=engine.prefill_mfu, decode_hbm_efficiency=engine.decode_hbm_efficiency,
                             gpu_memory_utilization=engine.gpu_memory_utilization,
-                            runtime_overhead_gib=engine.runtime_overhead_gib)
+                            runtime_overhead_gib=engine.runtime_overhead_gib, step_overhead_ms=engine.step_overhead_ms,
+                            prefill_overhead_ms=engine.prefill_overhead_ms)
 
 
 def planner_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> ServeCostModel:
@@ -141,8 +142,7 @@ def planner_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfi
         raise ValueError(f"engine.tp: {engine.tp} exceeds hardware.gpus_per_node {hardware.gpus_per_node} "
                          "(a replica is one node here)")
     return ServeCostModel(spec, hardware, tp=engine.tp, efficiency=efficiency(engine),
-                          weight_bytes=engine.bytes_per_param, kv_bytes=engine.kv_bytes_per_elem,
-                          step_overhead_ms=engine.step_overhead_ms)
+                          weight_bytes=engine.bytes_per_param, kv_bytes=engine.kv_bytes_per_elem)
 
 
 def build_step_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> StepTimeModel:

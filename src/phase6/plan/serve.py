@@ -7,6 +7,11 @@ token for each of ``decode_seqs`` running sequences whose contexts sum to ``deco
     memory    = (weights read + KV bytes/token/GPU · decode_ctx) / (HBM bw · decode_hbm_efficiency)
     allreduce = 2·L · all_reduce(tokens · hidden · 2 B over tp)       (Megatron TP: after attention and after MLP)
     step      = max(compute, memory) + allreduce + (pp-1) · p2p + step_overhead
+                + prefill_overhead                                   (only when prefill_tokens > 0)
+
+step_overhead / prefill_overhead (``EfficiencyConfig.step_overhead_ms`` / ``prefill_overhead_ms``, 0 by default)
+are the fixed costs of an engine step that the roofline does not see (scheduling, sampling, launches; a prefill
+step's extra host work): docs/cost_model.md §5 gives their source and how `phase6 fleet` fits them.
 
 Weights read per GPU are (dense + experts touched) / tp; for MoE a batch of n tokens touches
 E·(1 - (1 - k/E)^n) of the E experts per layer in expectation (uniform routing). KV heads replicate when
@@ -47,7 +52,6 @@ class ServeCostModel:
         efficiency: EfficiencyConfig | None = None,
         weight_bytes: float = 2.0,
         kv_bytes: float = 2.0,
-        step_overhead_ms: float = 0.0,
     ) -> None:
         if tp < 1 or pp < 1 or ep < 1:
             raise ValueError(f"serving layout needs tp, pp, ep >= 1, got tp={tp} pp={pp} ep={ep}")
@@ -69,7 +73,8 @@ class ServeCostModel:
         self.always_bytes = (model.num_params() - model.num_expert_params()) * weight_bytes
         # all KV bytes the tp GPUs together read per context token (replicated KV heads counted on every GPU)
         self.kv_bytes_per_token = 2 * model.num_layers * kv_heads_per_gpu(model, tp) * tp * model.head_dim * kv_bytes
-        self.overhead_s = step_overhead_ms * 1e-3
+        self.overhead_s = self.eff.step_overhead_ms * 1e-3
+        self.prefill_overhead_s = self.eff.prefill_overhead_ms * 1e-3
         self._allreduce: dict[int, float] = {}
         self._per_tokens: dict[int, tuple[float, float, float, float, float, float]] = {}
         self.p2p_s = (pp - 1) * comm.p2p_time(model.hidden_size * 2, self.profile.fabric_for(tp * pp))
@@ -111,7 +116,8 @@ class ServeCostModel:
         per = self._per_tokens.get(tokens) or self._tokens_terms(tokens)
         compute = (per[0] + self.attn_flops_per_pair * (prefill_pairs + decode_ctx)) / self.flops_per_s
         memory = (per[2] + self.kv_bytes_per_token * decode_ctx) / self.bytes_per_s
-        return max(compute, memory) + per[4] + self.p2p_s + self.overhead_s
+        step = max(compute, memory) + per[4] + self.p2p_s + self.overhead_s
+        return step + self.prefill_overhead_s if prefill_tokens > 0 else step
 
     def _tokens_terms(self, tokens: int) -> tuple[float, float, float, float, float, float]:
         """(matmul FLOPs, attention s per context token, weight bytes read, KV s per context token, all-reduce s,
