@@ -262,3 +262,22 @@ def test_torch_tp_limits_default_to_the_server_defaults(tmp_path: Path) -> None:
     (measured,), _ = load_serve_bench(run)
     assert engine_limits(measured, EngineConfig(tp=1, max_num_seqs=32, max_batched_tokens=4096)) == (
         32, 4096, "engine.max_num_seqs=32, engine.max_batched_tokens=4096")
+
+
+def test_calibration_bootstrap_script(tmp_path: Path) -> None:
+    """scripts/fleet_calibration_bootstrap.py: refits on resampled C=1 requests of a planted (noise-free) sweep give
+    the planted parameters and exact predictions every time, so its intervals measure the measured sample only."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("boot", REPO / "scripts" / "fleet_calibration_bootstrap.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sweep, _, _, _ = planted_sweep(tmp_path)
+    rows = {r["quantity"]: r for r in mod.bootstrap(sweep, "llama3.1-8b", "h200", n=2)}
+    assert set(rows) == {"step_overhead_ms", "prefill_overhead_ms", "prefill_mfu", "C=16 ttft_err_pct",
+                         "C=16 tpot_err_pct", "C=64 ttft_err_pct", "C=64 tpot_err_pct"}
+    for k, v in PLANTED.items():
+        assert rows[k]["p5"] == pytest.approx(v, rel=1e-4) and rows[k]["p95"] == pytest.approx(v, rel=1e-4), k
+    for k in ("C=16 ttft_err_pct", "C=64 tpot_err_pct"):
+        assert abs(rows[k]["p5"]) < 0.01 and abs(rows[k]["p95"]) < 0.01, rows[k]
