@@ -1,31 +1,71 @@
 """LoRA-DPO throughput and peak memory on one GPU: TRL's defaults vs our configuration, same batch, same data, one call.
 
-    python projects/6c_dpo/bench.py --data data/llamafactory-dpo-en-demo/dpo_en_demo.json --tokenizer data/gpt2-tokenizer
-    python projects/6c_dpo/bench.py ... --variants precompute_only,no_ckpt_only,group_only    # one change each
-    python projects/6c_dpo/bench.py ... --variants ours_liger                                  # needs liger-kernel
+    python projects/6c_dpo/bench.py                                  # trl_default, ours, ours_liger; ~3 min on one H200
+    python projects/6c_dpo/bench.py --variants ours_v1,ours_mb4,ours_mb8,ref_step   # the 2026-11-29 config, micro-batches
+    python projects/6c_dpo/bench.py --variants precompute_only,no_ckpt_only,group_only  # one change each vs trl_default
+    python projects/6c_dpo/bench.py --steps 0                        # a measured full epoch instead of 16 steps
+
+--data / --tokenizer default to $PHASE6_SHARED_DATA (or ../shared/data) llamafactory-dpo-en-demo / gpt2-tokenizer.
+``ours_liger`` needs liger-kernel (pure Python; torch ships triton): without it that row says so, the rest run.
 
 Model: Qwen2.5-7B-Instruct's architecture (config.json numbers below) with random bf16 weights built on the GPU
 ("dummy weights": same shapes, FLOPs and memory as the real model; no download). LoRA r=16, alpha=32 on every
-linear layer, 8 pairs per optimizer step, max_length 1024, the pairs of LLaMA-Factory's dpo_en_demo.json tokenised
-with the GPT-2 BPE (no Qwen tokenizer offline; the tokens/s column makes the comparison tokenizer-independent).
+linear layer, 8 pairs per optimizer step, max_length 1024, LLaMA-Factory's dpo_en_demo.json tokenised with the
+GPT-2 BPE (no Qwen tokenizer offline): 300 pairs, of which TRL drops the 46 whose prompt alone fills 1024 tokens,
+so an epoch is 254 pairs = 32 steps. Each variant runs in its own subprocess (a clean CUDA context per peak-memory
+number; a crash or OOM is a row, not the end of the table).
 
-Each variant runs in its own subprocess, so every peak-memory number starts from a clean CUDA context. Times:
-- s/step (steady): median optimizer-step time after ``--warmup`` steps (CUDA-synchronised step boundaries);
-- pairs/s (steady) = 8 / that; pairs/s (end to end) = pairs trained / (trainer construction + train), which charges
-  the precomputed reference pass (done at construction) to the variant that uses it.
+Epoch numbers (the table's formula, so a 16-step run is not read as an epoch):
+    epoch s = init s + one-off s + steps/epoch x s/step
+- init s: trainer construction (tokenising, PEFT wrap, and the precomputed reference pass where a variant has one);
+- s/step: measured seconds per padded token over the steps after ``--warmup``, times the mean padded tokens per step
+  of a FULL epoch under this variant's sampler and micro-batch (expected value over 32 sampler seeds, computed from
+  the tokenised lengths). Step time follows padded tokens, and the length-grouped sampler puts the longest batch
+  first, so a plain mean or median of a few steps would not be an epoch's;
+- one-off s: the warm-up steps' time beyond their token share (CUDA/cuBLAS start, triton JIT for liger);
+- pairs/s steady = pairs per epoch / (steps x s/step); pairs/s epoch = pairs per epoch / epoch s.
+Also printed: the raw median s/step and the measured end-to-end pairs/s of the steps actually run.
 
-Variants (each knob is a field of configs/dpo.yaml's ``dpo`` group):
-- trl_default: TRL 1.16 DPOConfig defaults with LoRA: gradient checkpointing on, a reference forward (adapter
-  disabled) every step, random batches padded to their longest pair.
-- ours: precompute_ref_log_probs (one no-grad reference pass at batch 16 before training instead of one per step),
-  gradient_checkpointing off (7B bf16 weights + activations of 16 x 1024 tokens fit in 141 GB, so the recompute
-  forward is pure cost), group_by_length (TRL 1.16 disabled padding_free; similar-length batches pad less).
+Variants (knobs: gradient checkpointing, reference = TRL per step | TRL's precompute | ours sorted, length grouping,
+liger layer kernels, micro-batch x accumulation = 8 pairs):
+- trl_default: TRL 1.16 DPOConfig defaults with LoRA: gradient checkpointing, a reference forward (adapter disabled)
+  every step, random batches of 8 pairs padded to their longest sequence (1.79x the real tokens on this data).
+- ours (= configs/dpo.yaml): precomputed reference by phase6.posttrain.reference (length-sorted batches of 16 pairs,
+  1.17x padding, no weight hash), no gradient checkpointing, length-grouped batches, micro-batch 2 x accumulation 4
+  (1.14x padding).
+- ours_liger: ours + TRL's use_liger_kernel (Liger RMSNorm, RoPE, SwiGLU; TRL 1.16 refuses Liger's fused linear
+  cross-entropy because its own fused LM head already never builds the (B, T, 152064) logits).
+- ours_mb4 / ours_mb8 / ours_liger_mb4: other micro-batches. ours_v1: the 2026-11-29 "ours" (TRL's own precompute
+  incl. its hash, micro-batch 8). ref_step: ours with a reference forward per step instead of the precompute.
+- precompute_only / no_ckpt_only / group_only: trl_default with one knob changed.
+
+Why (measured 2026-11-29, one H200: trl_default 2.31 s/step, init 5.5 s, 24.0 GiB; ours_v1 1.17 s/step, init 71.6 s,
+125.8 GiB):
+- ours_v1's 66 s of extra init: TRL's precompute first runs trl.trainer.utils.hash_module over the whole model
+  (every tensor to the CPU, bf16 -> fp32, .numpy().tobytes(), SHA-256 on one core: 30 GB; 47 s on the dev CPU) to
+  key a cache an in-memory dataset never reuses, then scores the pairs in stored order at batch 16 (1.82x padding).
+- its 125.8 GiB: without checkpointing every layer keeps its activations, ~6.6 MiB per token for this model
+  (RMSNorm fp32 copies, q/k/v + RoPE, SDPA in/out, 3 x 18944-wide SwiGLU tensors, 28 layers); the logits are not the
+  problem (TRL's fused head). The length-grouped sampler puts the 16 longest sequences together first: 16 x 1024
+  tokens x 6.6 MiB + 14.2 GiB of weights = 120+ GiB. Peak therefore scales with micro-batch pairs x 2 x max_length.
+
+Predictions for the default run (one H200; trl_default calibrated to 2.31 s/step; range = backward 2.0x or 4.5x a
+forward, the two readings of the 2026-11-29 pair):
+| variant | s/step | init s | epoch s | pairs/s epoch | x steady | x epoch | peak alloc GiB |
+| trl_default | 2.3 | 5.5 | 81 | 3.1 | 1.0 | 1.0 | 24 |
+| ours | 0.9-1.1 | 12-16 | 46-49 | 5.2-5.6 | 2.1-2.6 | 1.65-1.8 | 40-46 (fits 80 GB) |
+| ours_liger | 0.85-1.0 | 12-16 | 44-48 | 5.3-5.8 | 2.3-2.8 | 1.7-1.85 | 32-38 |
+ours_mb4 within +-5 % of ours at 62-70 GiB (too close to 80 GB to ship); ours_v1 init 65-75 s again; ref_step the
+same epoch s as ours within 5 % (one epoch: the reference forward costs the same wherever it runs; the precompute
+wins with every further epoch and every eval, which reuse it) but s/step +30-40 %.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 import subprocess
 import sys
@@ -49,17 +89,25 @@ QWEN25_7B = dict(
     tie_word_embeddings=False,
     hidden_act="silu",
 )
-BASE = dict(gradient_checkpointing=True, precompute=False, group=False, liger=False, micro_batch=8)
+# ref: "step" = TRL's reference forward in every step, "trl" = TRL's precompute, "sorted" = phase6.posttrain.reference
+BASE = dict(gradient_checkpointing=True, ref="step", group=False, liger=False, micro_batch=8)
+OURS = dict(BASE, gradient_checkpointing=False, ref="sorted", group=True, micro_batch=2)
 VARIANTS: dict[str, dict[str, Any]] = {
     "trl_default": dict(BASE),
-    "ours": dict(BASE, gradient_checkpointing=False, precompute=True, group=True),
-    "precompute_only": dict(BASE, precompute=True),
+    "ours": dict(OURS),
+    "ours_liger": dict(OURS, liger=True),
+    "ours_mb4": dict(OURS, micro_batch=4),
+    "ours_liger_mb4": dict(OURS, liger=True, micro_batch=4),
+    "ours_mb8": dict(OURS, micro_batch=8),
+    "ours_v1": dict(OURS, ref="trl", micro_batch=8),
+    "ref_step": dict(OURS, ref="step"),
+    "precompute_only": dict(BASE, ref="sorted"),
     "no_ckpt_only": dict(BASE, gradient_checkpointing=False),
     "group_only": dict(BASE, group=True),
-    "ours_mb4": dict(BASE, gradient_checkpointing=False, precompute=True, group=True, micro_batch=4),
-    "ours_liger": dict(BASE, gradient_checkpointing=False, precompute=True, group=True, liger=True),
 }
+DEFAULT_VARIANTS = "trl_default,ours,ours_liger"
 PAIRS_PER_STEP = 8
+REF_BATCH = 16  # configs/dpo.yaml dpo.trl.precompute_ref_batch_size
 # --dry-run-cpu: same code path on a CPU with a 2-layer, 64-wide model of the same family (for tests, not numbers)
 TINY_OVERRIDES = dict(
     vocab_size=50304,
@@ -89,8 +137,56 @@ def gpt2_tokenizer(tok_dir: Path) -> Any:
     return fast
 
 
+def epoch_padded_tokens(
+    lengths: list[int], max_length: int, micro_batch: int, grouped: bool, num_seeds: int = 32
+) -> float:
+    """Expected padded tokens of one epoch: each micro-batch is 2 x n sequences padded to its longest (<= max_length).
+
+    ``lengths``: prompt + longer completion per pair (sampling.pair_lengths). Order: TRL's random sampler, or the
+    length-grouped one (transformers' get_length_grouped_indices at 8 pairs per step, as sampling.length_grouped).
+    """
+    import torch
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    totals = []
+    for seed in range(num_seeds):
+        g = torch.Generator().manual_seed(seed)
+        order = (
+            get_length_grouped_indices(lengths, PAIRS_PER_STEP, generator=g)
+            if grouped
+            else torch.randperm(len(lengths), generator=g).tolist()
+        )
+        total = 0
+        for i in range(0, len(order), micro_batch):
+            mb = order[i : i + micro_batch]
+            total += 2 * len(mb) * min(max(lengths[j] for j in mb), max_length)
+        totals.append(total)
+    return statistics.fmean(totals)
+
+
+def epoch_estimate(
+    times: list[float], tokens: list[int], warmup: int, init_s: float, epoch_tokens: float, num_pairs: int
+) -> dict[str, float]:
+    """The table's epoch numbers from measured step times and their padded tokens (module docstring's formula)."""
+    assert len(times) == len(tokens) and len(times) > warmup, (len(times), len(tokens), warmup)
+    s_per_token = sum(times[warmup:]) / sum(tokens[warmup:])
+    one_off = sum(times[:warmup]) - s_per_token * sum(tokens[:warmup])
+    steps = math.ceil(num_pairs / PAIRS_PER_STEP)
+    s_per_step = s_per_token * epoch_tokens / steps
+    epoch_s = init_s + one_off + steps * s_per_step
+    return {
+        "steps_per_epoch": steps,
+        "s_per_step": s_per_step,
+        "one_off_s": one_off,
+        "epoch_s": epoch_s,
+        "pairs_per_s": num_pairs / (steps * s_per_step),
+        "pairs_per_s_epoch": num_pairs / epoch_s,
+    }
+
+
 def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    import trl.trainer.dpo_trainer as trl_dpo
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, Qwen2Config, TrainerCallback
@@ -98,17 +194,17 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
 
     sys.path.insert(0, str(REPO / "src"))
     from phase6.posttrain.dpo_data import build_preference_pairs, read_rows
-    from phase6.posttrain.sampling import length_grouped
+    from phase6.posttrain.reference import precomputed_reference
+    from phase6.posttrain.sampling import length_grouped, pair_lengths
 
     v = VARIANTS[variant]
     cuda = not args.dry_run_cpu
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.manual_seed(0)
     tok = gpt2_tokenizer(Path(args.tokenizer))
-    pairs, summary = build_preference_pairs(read_rows(args.data), "llamafactory", source=args.data)
+    pairs, _ = build_preference_pairs(read_rows(args.data), "llamafactory", source=args.data)
     if args.dry_run_cpu:
-        pairs = pairs[:16]
-    train = Dataset.from_list(pairs)
+        pairs = pairs[:24]
     arch = dict(QWEN25_7B, **TINY_OVERRIDES) if args.dry_run_cpu else QWEN25_7B
     with torch.device("cuda" if cuda else "cpu"):
         model = AutoModelForCausalLM.from_config(Qwen2Config(**arch), dtype=torch.bfloat16 if cuda else torch.float32)
@@ -130,20 +226,42 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
             self.times.append(time.perf_counter() - self._t)
 
     timer = StepTimer()
+    # instruments for the ref="trl" variant: TRL's weight hash and its reference pass, timed where TRL calls them
+    spent = {"hash_s": 0.0, "ref_pass_s": 0.0}
+    if v["ref"] == "trl":
+        real_hash = trl_dpo.hash_module
+
+        def timed_hash(module: Any) -> str:
+            t = time.perf_counter()
+            out = real_hash(module)
+            spent["hash_s"] += time.perf_counter() - t
+            return out
+
+        trl_dpo.hash_module = timed_hash
+
+    class TimedTRLPrecompute(DPOTrainer):
+        def _precompute_ref_logps(self, *a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            out = super()._precompute_ref_logps(*a, **k)
+            sync()
+            spent["ref_pass_s"] += time.perf_counter() - t
+            return out
+
     mb = v["micro_batch"]
+    max_length = 256 if args.dry_run_cpu else 1024
     cfg = DPOConfig(
         output_dir=str(Path(args.workdir) / variant),
         per_device_train_batch_size=mb,
         gradient_accumulation_steps=PAIRS_PER_STEP // mb,
-        max_length=256 if args.dry_run_cpu else 1024,
+        max_length=max_length,
         learning_rate=5e-6,
         max_steps=args.steps if args.steps > 0 else -1,
         num_train_epochs=1,
         bf16=cuda,
         use_cpu=not cuda,
         gradient_checkpointing=v["gradient_checkpointing"],
-        precompute_ref_log_probs=v["precompute"],
-        precompute_ref_batch_size=16 if v["precompute"] else None,
+        precompute_ref_log_probs=v["ref"] == "trl",
+        precompute_ref_batch_size=REF_BATCH if v["ref"] != "step" else None,
         use_liger_kernel=v["liger"],
         logging_steps=1,
         save_strategy="no",
@@ -152,33 +270,67 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         disable_tqdm=True,
     )
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
-    trainer_cls = length_grouped(DPOTrainer) if v["group"] else DPOTrainer
+    trainer_cls: Any = {"trl": TimedTRLPrecompute, "sorted": precomputed_reference(DPOTrainer), "step": DPOTrainer}[
+        v["ref"]
+    ]
+    trainer_cls = length_grouped(trainer_cls) if v["group"] else trainer_cls
     t0 = time.perf_counter()
     trainer = trainer_cls(
-        model=model, args=cfg, train_dataset=train, processing_class=tok, peft_config=lora, callbacks=[timer]
+        model=model, args=cfg, train_dataset=Dataset.from_list(pairs), processing_class=tok, peft_config=lora
     )
+    trainer.add_callback(timer)
     sync()
-    t_init = time.perf_counter() - t0
+    init_s = time.perf_counter() - t0
+    if v["ref"] == "sorted":
+        spent["ref_pass_s"] = trainer.reference_pass_s
+
+    micro_tokens: list[int] = []  # padded tokens (2 x n x padded width) of every micro-batch, in training order
+    collate = trainer.data_collator
+
+    def counting_collator(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        out = collate(rows)
+        micro_tokens.append(out["input_ids"].numel())
+        return out
+
+    trainer.data_collator = counting_collator
     t1 = time.perf_counter()
     trainer.train()
     sync()
-    t_train = time.perf_counter() - t1
+    train_s = time.perf_counter() - t1
+
+    num_pairs = len(trainer.train_dataset)  # after TRL drops pairs whose prompt alone fills max_length
+    accum = PAIRS_PER_STEP // mb
     steps = len(timer.times)
-    steady = statistics.median(timer.times[args.warmup :]) if steps > args.warmup else float("nan")
-    tokens = max((h.get("num_tokens", 0.0) for h in trainer.state.log_history), default=0.0)
-    # one epoch covers every pair once (the last step may be partial); a step cap trains steps x 8
-    pairs_trained = len(train) if args.steps <= 0 else min(steps * PAIRS_PER_STEP, len(train))
+    step_tokens = [sum(micro_tokens[i * accum : (i + 1) * accum]) for i in range(steps)]
+    lengths = pair_lengths(trainer.train_dataset)
+    epoch_tokens = epoch_padded_tokens(lengths, max_length, mb, grouped=v["group"])
+    est = epoch_estimate(timer.times, step_tokens, args.warmup, init_s, epoch_tokens, num_pairs)
+    real_tokens = sum(
+        min(len(p) + len(c), max_length) + min(len(p) + len(r), max_length)
+        for p, c, r in zip(
+            trainer.train_dataset["prompt_ids"],
+            trainer.train_dataset["chosen_ids"],
+            trainer.train_dataset["rejected_ids"],
+            strict=True,
+        )
+    )
+    pairs_trained = min(steps * PAIRS_PER_STEP, num_pairs) if args.steps > 0 else num_pairs
     return {
         "variant": variant,
         "status": "ok",
-        "pairs_in_data": summary.num_kept,
+        "mb_x_accum": f"{mb}x{accum}",
+        "pairs_per_epoch": num_pairs,
         "steps": steps,
-        "s_per_step": steady,
-        "pairs_per_s": PAIRS_PER_STEP / steady,
-        "pairs_per_s_e2e": pairs_trained / (t_init + t_train),
-        "init_s": t_init,
-        "train_s": t_train,
-        "tokens_per_s_e2e": tokens / (t_init + t_train),
+        **est,
+        "init_s": init_s,
+        "ref_pass_s": spent["ref_pass_s"] if v["ref"] != "step" else None,
+        "hash_s": spent["hash_s"] if v["ref"] == "trl" else None,
+        "epoch_padding": epoch_tokens / real_tokens,
+        "median_s_per_step": statistics.median(timer.times[args.warmup :]),
+        "pairs_per_s_measured": pairs_trained / (init_s + train_s),
+        "train_s": train_s,
+        "step_times": [round(t, 4) for t in timer.times],
+        "step_padded_tokens": step_tokens,
         "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
         "weights_gib": weights_gib,
@@ -186,19 +338,70 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+COLS = [
+    "variant",
+    "status",
+    "mb_x_accum",
+    "steps",
+    "s_per_step",
+    "pairs_per_s",
+    "init_s",
+    "ref_pass_s",
+    "hash_s",
+    "one_off_s",
+    "epoch_s",
+    "pairs_per_s_epoch",
+    "speedup_steady",
+    "speedup_epoch",
+    "peak_alloc_gib",
+    "peak_reserved_gib",
+    "median_s_per_step",
+    "pairs_per_s_measured",
+]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    base = next((r for r in rows if r["variant"] == "trl_default" and r["status"] == "ok"), None)
+    for r in rows:
+        if base is not None and r["status"] == "ok":
+            r["speedup_steady"] = r["pairs_per_s"] / base["pairs_per_s"]
+            r["speedup_epoch"] = r["pairs_per_s_epoch"] / base["pairs_per_s_epoch"]
+    lines = [
+        "epoch s = init s + one-off s + steps/epoch x s/step; s/step = measured s per padded token (steps after "
+        "warm-up) x a full epoch's mean padded tokens per step; pairs/s = pairs per epoch / (steps x s/step)",
+        "| " + " | ".join(COLS) + " |",
+        "|" + "---|" * len(COLS),
+    ]
+    for r in rows:
+        lines.append(
+            "| " + " | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in COLS) + " |"
+        )
+    return "\n".join(lines)
+
+
+def _shared_data() -> Path:
+    env = os.environ.get("PHASE6_SHARED_DATA")
+    for p in ([Path(env)] if env else []) + [REPO.parent / "shared" / "data"]:
+        if p.is_dir():
+            return p
+    return REPO / "data"
+
+
 def main() -> int:
+    shared = _shared_data()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="LLaMA-Factory dpo_en_demo.json")
-    p.add_argument("--tokenizer", required=True, help="directory with GPT-2 encoder.json + vocab.bpe")
-    p.add_argument("--variants", default="trl_default,ours,ours_mb4", help=f"comma list of {list(VARIANTS)}")
-    p.add_argument("--steps", type=int, default=0, help="optimizer steps per variant (8 pairs each); 0 = one epoch")
-    p.add_argument("--warmup", type=int, default=3, help="steps excluded from the steady-state median")
+    p.add_argument("--data", default=str(shared / "llamafactory-dpo-en-demo" / "dpo_en_demo.json"))
+    p.add_argument("--tokenizer", default=str(shared / "gpt2-tokenizer"), help="dir with encoder.json + vocab.bpe")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma list of {list(VARIANTS)}")
+    p.add_argument("--steps", type=int, default=16, help="optimizer steps per variant (8 pairs each); 0 = one epoch")
+    p.add_argument("--warmup", type=int, default=3, help="steps charged as one-off, not to the per-token rate")
+    p.add_argument("--child-timeout", type=float, default=170.0, help="seconds per variant before it is a row")
     p.add_argument("--workdir", default="/tmp/phase6_dpo_bench")
     p.add_argument("--out", default=None, help="also write the rows as JSON here")
     p.add_argument(
         "--dry-run-cpu",
         action="store_true",
-        help="tiny model on CPU, 16 pairs, max_length 256: checks the code path only",
+        help="tiny model on CPU, 24 pairs, max_length 256: checks the code path only",
     )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -206,6 +409,9 @@ def main() -> int:
         try:
             row = child(args.child, args)
         except Exception as e:  # an OOM (or any failure) of one variant is a result row, not a crash of the table
+            import traceback
+
+            traceback.print_exc()
             row = {"variant": args.child, "status": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
         print("BENCH_ROW " + json.dumps(row), flush=True)
         return 0
@@ -213,44 +419,31 @@ def main() -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
+    if args.steps != 0 and args.steps <= args.warmup:
+        raise ValueError(f"--steps: must be 0 (one epoch) or > --warmup ({args.warmup}), got {args.steps}")
     for path, what in ((Path(args.data), "--data"), (Path(args.tokenizer) / "encoder.json", "--tokenizer")):
         if not path.is_file():
             raise ValueError(f"{what}: {path} not found")
     rows = []
+    t_all = time.perf_counter()
     for v in variants:
+        t = time.perf_counter()
         cmd = [sys.executable, __file__, "--child", v, *sys.argv[1:]]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH_ROW ")), None)
-        row = (
-            json.loads(line[len("BENCH_ROW ") :]) if line else {"variant": v, "status": f"crashed rc={proc.returncode}"}
-        )
-        if not line:
-            sys.stderr.write(proc.stderr[-3000:])
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_timeout)
+            out, err, rc = proc.stdout, proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err, rc = f"timed out after {args.child_timeout:.0f} s\n", "timeout"
+        line = next((ln for ln in out.splitlines() if ln.startswith("BENCH_ROW ")), None)
+        row = json.loads(line[len("BENCH_ROW ") :]) if line else {"variant": v, "status": f"crashed rc={rc}"}
+        if row["status"] != "ok":
+            sys.stderr.write(err[-3000:])
+        row["wall_s"] = time.perf_counter() - t
         rows.append(row)
-        print(json.dumps(row), flush=True)
-    base = next((r for r in rows if r["variant"] == "trl_default" and r["status"] == "ok"), None)
-    cols = [
-        "variant",
-        "status",
-        "steps",
-        "s_per_step",
-        "pairs_per_s",
-        "pairs_per_s_e2e",
-        "init_s",
-        "tokens_per_s_e2e",
-        "peak_alloc_gib",
-        "peak_reserved_gib",
-        "speedup_steady",
-        "speedup_e2e",
-    ]
-    print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
-    for r in rows:
-        if base is not None and r["status"] == "ok":
-            r["speedup_steady"] = r["pairs_per_s"] / base["pairs_per_s"]
-            r["speedup_e2e"] = r["pairs_per_s_e2e"] / base["pairs_per_s_e2e"]
-        print(
-            "| " + " | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols) + " |"
-        )
+        short = {k: row.get(k) for k in ("variant", "status", "s_per_step", "init_s", "epoch_s", "peak_alloc_gib")}
+        print(f"[{time.perf_counter() - t_all:.0f}s] {json.dumps(short)}", flush=True)
+    print("\n" + table(rows))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
     return 0 if all(r["status"] == "ok" for r in rows) else 1

@@ -175,14 +175,14 @@ class DPOTrainConfig:
     """Epochs over the training split (ignored when max_steps > 0)."""
     max_steps: int = -1
     """Optimizer steps; -1 = num_epochs."""
-    per_device_batch_size: int = 4
-    """Pairs per device per micro-step (each pair = 2 sequences)."""
-    grad_accum: int = 4
+    per_device_batch_size: int = 2
+    """Pairs per device per micro-step (each pair = 2 sequences); peak memory grows with pairs x 2 x max_length."""
+    grad_accum: int = 8
     """Micro-steps per optimizer step."""
     max_length: int = 1024
     """Tokens per prompt+completion sequence (keep_start truncation)."""
     precompute_ref_log_probs: bool = True
-    """Score the reference once before training instead of one extra forward per step (n/a to ORPO: no reference)."""
+    """Score the reference once (length-sorted, phase6.posttrain.reference) instead of a forward per step (n/a: ORPO)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward (memory for ~1 extra forward)."""
     group_by_length: bool = True
