@@ -1,8 +1,9 @@
-"""The HF engine's decode loop (phase6.rollout.hf_loop) on a tiny model: greedy tokens equal plain ``generate`` with every
-option on or off (prefill dedup and chunking, attention buckets, packed GQA vs transformers' SDPA), early stop on EOS,
-generate's logits processing reproduced exactly (transformers' own processors as the reference), the Gumbel-max sampler
-draws from softmax(logits / T), and the token step has no host synchronization (the condition for CUDA-graph capture).
-The CUDA-graph path itself is checked on a GPU (marked test; ``projects/6d_grpo/bench.py --part check``)."""
+"""The HF engine's decode loop (phase6.rollout.hf_loop) on a tiny model: greedy tokens equal plain ``generate`` with
+every option on or off (prefill dedup and chunking, attention buckets, packed GQA vs transformers' SDPA), early stop
+on EOS, generate's logits processing reproduced exactly (transformers' own processors as the reference), the
+Gumbel-max sampler draws from softmax(logits / T), and the token step has no host synchronization (the condition for
+CUDA-graph capture). The CUDA-graph path itself is checked on a GPU (marked test; ``projects/6d_grpo/bench.py --part
+check``)."""
 
 from __future__ import annotations
 

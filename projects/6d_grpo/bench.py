@@ -1,39 +1,54 @@
-"""Rollout tokens/s of the HF engine vs naive padded ``generate``, and a GRPO step breakdown, on one GPU.
+"""Rollout tokens/s of the HF engine vs naive padded ``generate``, its fixes one by one, and a GRPO step breakdown.
 
-    python projects/6d_grpo/bench.py --part throughput          # needs torch + transformers only
-    python projects/6d_grpo/bench.py --part step                # + trl, datasets (carried wheels on the H200 image)
+    python projects/6d_grpo/bench.py                                  # throughput + ablations + ops + check (~4 min)
+    python projects/6d_grpo/bench.py --part step                      # + trl, datasets (carried wheels on the H200)
     python projects/6d_grpo/bench.py --part all --out bench.json
+    python projects/6d_grpo/bench.py --cpu-check                      # 2-layer model on CPU: checks the script only
 
 Shape (issue 7): 64 prompts x 8 samples = 512 sequences x 512 new tokens, every token forced (min_new_tokens =
 max_new_tokens, so EOS cannot end a row early and every row decodes the same number of tokens), sampling at
 temperature 1. Model: Qwen2.5-1.5B-Instruct's architecture (its config.json numbers below) with random bf16 weights
 ("dummy weights": same shapes, FLOPs and memory traffic as the real model; no download). Prompts: random token ids,
-lengths 96..191 (GSM8K question + instruction + ChatML is ~120-250 Qwen tokens); the tokens/s do not depend on
-their content because every row generates exactly 512 tokens.
+lengths 96..191 (GSM8K question + instruction + ChatML is ~120-250 Qwen tokens), so they pad to 192 and the static
+cache holds 192 + 512 = 704 positions; the tokens/s do not depend on their content because every row generates
+exactly 512 tokens.
 
-Rows of the throughput table (same prompts, same sampling settings, one process):
-- naive: one padded ``model.generate`` call, dynamic cache, eager (TRL's ``use_vllm=False`` path);
-- hf_static: our HFEngine with a static cache, eager decode;
-- hf_static_compiled: HFEngine, static cache + compiled decode step (torch.compile mode="reduce-overhead", i.e.
-  CUDA graphs), timed on the second call (the first call compiles and records the graphs: reported separately).
-tokens/s = generated tokens / generate wall-clock (CUDA-synchronized). The behaviour-log-prob scoring pass the
-engine runs for GRPO is timed in its own column, not in tokens/s.
+Parts (``--part``, comma-separated):
+- throughput: one row per ``--variants`` entry, each timed on its second call (same shape; the first call, with
+  compilation or graph capture, is reported as first_call_s):
+  naive = one padded ``model.generate``, dynamic cache, eager (TRL's ``use_vllm=False`` path);
+  hf_static / hf_static_compiled = HFEngine(decode="generate"), static cache, eager / compiled decode step
+  (torch.compile mode="reduce-overhead", i.e. CUDA graphs): the engine before the decode loop;
+  hf_loop = HFEngine's decode loop (phase6.rollout.hf_loop): the default engine.
+- ablations: hf_loop with one fix turned off per row (``--ablations``), one call each including its graph capture,
+  against hf_loop's own first call: what each fix is worth.
+- ops: the two per-token operations the predictions single out, timed alone at the benchmark shape: one layer's
+  decode attention (transformers' repeat_kv SDPA vs packed GQA, full static length vs 480) and sampling one token
+  from (512, 151936) bf16 logits (generate's float32 copy + EOS processor + softmax + multinomial vs Gumbel-max).
+- check: correctness on the GPU at a small fp32 shape: greedy tokens and decode-time log-probs of the loop with CUDA
+  graphs vs the eager loop and vs plain ``generate`` / a scoring forward.
+- step: ``EngineGRPOTrainer`` (HF engine, decode loop) for ``--steps`` optimizer steps at the same shape
+  (max_completion_length 512, sampled, not forced), beta 0.001 (reference forward on), mean per-phase breakdown of
+  the steps after the first.
 
-The step part runs ``EngineGRPOTrainer`` (HF engine, compiled) for ``--steps`` optimizer steps at the same shape
-(max_completion_length 512, sampled, not forced), beta 0.001 (reference forward on), and prints the mean per-phase
-breakdown of the steps after the first. Baseline anchors from issue 7 (one H200, 2026-11-29): naive 4,094 tokens/s,
-``generate_batch`` (continuous batching, default settings) 1,543 tokens/s; target >= 12,000 tokens/s.
+tokens/s = generated tokens / generate wall-clock (CUDA-synchronized); ms_per_token_step = generate wall-clock / new
+tokens per row (prefill included). The behaviour log-probs are off unless ``--logprobs`` (the loop computes them inside
+its graph, in generate_s; decode="generate" runs a scoring pass, in logprob_pass_s). predicted_ms_per_token_step: the
+prediction written before the run (docs/benchmarks.md explains each). Baseline anchors (one H200, 2026-11-29): naive
+4,094 tokens/s (issue 7) and 4,671 (lead's run), hf_static_compiled 11,791 tokens/s; target >= 3x naive.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -61,80 +76,349 @@ CPU_CHECK_ARCH = dict(
 )
 DEVICE = "cuda"
 
+LOOP_ABLATIONS: dict[str, tuple[dict[str, Any], bool]] = {
+    "repeat_kv": ({"attention": "sdpa"}, False),
+    "full_length": ({"attend_bucket": 0}, False),
+    "sync_every_token": ({"check_every": 1}, False),
+    "no_dedup": ({"dedup_prefill": False}, False),
+    "no_graphs": ({"cuda_graphs": False}, False),
+    "with_logprobs": ({}, True),
+}
+"""hf_loop with one fix off: (phase6.rollout.hf_loop.LoopOptions fields, return behaviour log-probs).
+``repeat_kv`` is transformers' own SDPA function, which repeats K/V to every query head under a mask in 5.17."""
+# Predictions made before the first GPU run of the loop (ms per token step, 512 rows, prefill included; derivation in
+# docs/benchmarks.md): matmuls 2.6 + KV read 2.0 (7.1 GB attended on average) + ~1,000 small unfused eager kernels 3.0
+# + sampling 0.6 = 8.2 ms; each ablation adds its own cost.
+PREDICTED_MS = {
+    "hf_loop": 8.2,
+    "hf_loop-repeat_kv": 29.0,  # + 6x KV written and read again over the attended length: +84 GB at ~4 TB/s
+    "hf_loop-full_length": 9.0,  # + 3.3 GB of KV per step (704 instead of ~480 positions)
+    "hf_loop-sync_every_token": 8.3,  # the host has nothing to do between tokens: the sync costs a graph launch
+    "hf_loop-no_dedup": 9.1,  # + prefill of 512 x 192 instead of 64 x 192 tokens: +0.45 s
+    "hf_loop-no_graphs": 12.0,  # the host issuing ~1,250 kernels per token through transformers' modules
+    "hf_loop-with_logprobs": 8.4,  # + one float32 copy and logsumexp of the (512, 151936) logits
+}
 
-def dummy_model(device: str) -> Any:
+
+def dummy_model(device: str, arch: dict[str, Any] | None = None, dtype: Any = None) -> Any:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    arch = QWEN25_15B | (CPU_CHECK_ARCH if DEVICE == "cpu" else {})
+    arch = arch or (QWEN25_15B | (CPU_CHECK_ARCH if DEVICE == "cpu" else {}))
     config = Qwen2Config(**arch, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+        model = Qwen2ForCausalLM(config).to(dtype or torch.bfloat16)
     return model.eval()
 
 
-def prompts(num_prompts: int, group: int, seed: int = 0) -> list[list[int]]:
+def prompts(num_prompts: int, group: int, seed: int = 0, lengths: tuple[int, int] = (96, 192)) -> list[list[int]]:
     rng = random.Random(seed)
-    unique = [[rng.randrange(1000, 150000) for _ in range(rng.randrange(96, 192))] for _ in range(num_prompts)]
+    unique = [[rng.randrange(1000, 150000) for _ in range(rng.randrange(*lengths))] for _ in range(num_prompts)]
     return [p for p in unique for _ in range(group)]
 
 
-def bench_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
+def free_memory() -> None:
+    """Drop compiled graphs and cached blocks so the next row's memory columns are its own."""
+    import torch
+
+    gc.collect()
+    if DEVICE == "cuda":
+        torch._dynamo.reset()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def gib(x: int) -> float:
+    return round(x / 2**30, 1)
+
+
+def bench_throughput(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The --variants rows (second call timed) and the --ablations rows (one call each, vs hf_loop's first call)."""
     import torch
 
     from phase6.rollout import SamplingParams
     from phase6.rollout.hf import HFEngine, naive_generate
+    from phase6.rollout.hf_loop import LoopOptions
 
-    model = dummy_model(DEVICE)
     ids = prompts(args.prompts, args.group)
     forced = SamplingParams(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, temperature=1.0)
-    rows = []
+    shared = dummy_model(DEVICE)  # every row but the compiled ones (which keep compiled state on their model)
+    rows: list[dict[str, Any]] = []
+    ablations: list[dict[str, Any]] = []
+    base_ms: dict[str, float] = {}
 
-    def row(name: str, out: Any, first_call_s: float | None, note: str) -> None:
+    def mem() -> tuple[float | None, float | None]:
+        if DEVICE != "cuda":
+            return None, None
+        return gib(torch.cuda.memory_allocated()), gib(torch.cuda.max_memory_allocated())
+
+    def row(
+        table: list[dict[str, Any]], name: str, out: Any, first: float | None, start_mem: Any, **extra: Any
+    ) -> None:
+        ms = 1e3 * out.generate_s / args.new_tokens
+        r = {
+            "variant": name,
+            "tokens": out.num_tokens,
+            "generate_s": round(out.generate_s, 2),
+            "tokens_per_s": round(out.tokens_per_s),
+            "ms_per_token_step": round(ms, 1),
+            "predicted_ms_per_token_step": PREDICTED_MS.get(name),
+            "speedup_vs_naive": round(base_ms["naive"] / ms, 2) if "naive" in base_ms else None,
+            "first_call_s": None if first is None else round(first, 1),
+            "logprob_pass_s": round(out.logprob_s, 2) if out.logprob_s else None,
+            "start_mem_gib": start_mem,
+            "peak_mem_gib": mem()[1],
+            **extra,
+        }
+        table.append(r)
+        print(json.dumps(r), flush=True)
+
+    def loop_engine(model: Any, logprobs: bool, **options: Any) -> Any:
+        return HFEngine(
+            model,
+            PAD,
+            [EOS],
+            decode="loop",
+            pad_to_multiple=64,
+            return_logprobs=logprobs,
+            loop_options=LoopOptions(**options),
+        )
+
+    def loop_extra(engine: Any) -> dict[str, Any]:
+        t = engine.last_timing
+        return {"prefill_s": round(t["prefill_s"], 2), "graphs_captured": t["graphs_captured"]}
+
+    for name in [v for v in args.variants.split(",") if v]:
+        free_memory()
+        start_mem = mem()[0]
+        try:
+            if name == "naive":
+                naive_generate(shared, ids[:8], SamplingParams(max_new_tokens=8), PAD, {EOS})  # CUDA/cuBLAS warm-up
+                out = naive_generate(shared, ids, forced, PAD, {EOS})
+                base_ms[name] = 1e3 * out.generate_s / args.new_tokens
+                row(rows, name, out, None, start_mem, note="dynamic cache, eager")
+            elif name in ("hf_static", "hf_static_compiled"):
+                compiled = name == "hf_static_compiled"
+                model = dummy_model(DEVICE)
+                engine = HFEngine(
+                    model,
+                    PAD,
+                    [EOS],
+                    decode="generate",
+                    static_cache=True,
+                    compile_decode=compiled,
+                    pad_to_multiple=64,
+                    return_logprobs=args.logprobs,
+                    score_batch_size=8,
+                )
+                t0 = time.perf_counter()
+                engine.generate(ids, forced)  # compiles and records the CUDA graphs that the next call replays
+                first = time.perf_counter() - t0
+                note = "generate, static cache" + (", compiled decode (reduce-overhead)" if compiled else ", eager")
+                row(rows, name, engine.generate(ids, forced), first, start_mem, note=note)
+                del engine, model
+            elif name == "hf_loop":
+                engine = loop_engine(shared, args.logprobs)
+                t0 = time.perf_counter()
+                first_out = engine.generate(ids, forced)  # captures one CUDA graph per attention bucket
+                first = time.perf_counter() - t0
+                base_ms["hf_loop_first"] = 1e3 * first_out.generate_s / args.new_tokens
+                first_extra = loop_extra(engine)
+                out = engine.generate(ids, forced)
+                row(rows, name, out, first, start_mem, **loop_extra(engine), note="decode loop, CUDA graphs")
+                ablations.append(
+                    {
+                        "variant": "hf_loop (first call)",
+                        "generate_s": round(first_out.generate_s, 2),
+                        "tokens_per_s": round(first_out.tokens_per_s),
+                        "ms_per_token_step": round(base_ms["hf_loop_first"], 1),
+                        **first_extra,
+                    }
+                )
+                del engine
+            else:
+                raise SystemExit(f"unknown variant {name!r}")
+        except Exception:  # one broken row must not cost the others (this runs once, on a rented GPU)
+            traceback.print_exc()
+            rows.append({"variant": name, "note": "FAILED: " + traceback.format_exc(limit=1).splitlines()[-1]})
+    for ab in [a for a in args.ablations.split(",") if a]:
+        if ab not in LOOP_ABLATIONS:
+            raise SystemExit(f"unknown ablation {ab!r}; one of {list(LOOP_ABLATIONS)}")
+        name = f"hf_loop-{ab}"
+        free_memory()
+        start_mem = mem()[0]
+        try:
+            options, logprobs = LOOP_ABLATIONS[ab]
+            engine = loop_engine(shared, logprobs, **options)
+            out = engine.generate(ids, forced)
+            extra = loop_extra(engine)
+            if "hf_loop_first" in base_ms:
+                extra["delta_ms_vs_hf_loop"] = round(
+                    1e3 * out.generate_s / args.new_tokens - base_ms["hf_loop_first"], 1
+                )
+            row(ablations, name, out, None, start_mem, **extra, note=f"LoopOptions({options}), logprobs={logprobs}")
+            del engine
+        except Exception:
+            traceback.print_exc()
+            ablations.append({"variant": name, "note": "FAILED: " + traceback.format_exc(limit=1).splitlines()[-1]})
+    del shared
+    free_memory()
+    return rows, ablations
+
+
+def _time_ms(fn: Any, reps: int) -> float:
+    import torch
+
+    fn()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - t0) / reps
+
+
+def _attention_rows(rows_n: int, length: int, cfg: dict[str, Any], reps: int) -> list[dict[str, Any]]:
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from phase6.rollout.hf_loop import packed_gqa_attention
+
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg["hidden_size"] // heads
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    module = torch.nn.Module()
+    module.num_key_value_groups = heads // kv
+    q = torch.randn(rows_n, heads, 1, head_dim, device=DEVICE, dtype=dtype)
+    k = torch.randn(rows_n, kv, length, head_dim, device=DEVICE, dtype=dtype)
+    v = torch.randn_like(k)
+    mask = torch.ones(rows_n, 1, 1, length, dtype=torch.bool, device=DEVICE)
+    mask[: rows_n // 2, :, :, : length // 4] = False  # left padding on half the rows
+    kv_gb = 2 * k.numel() * k.element_size() / 1e9
+    rows = []
+    for name, fn in (
+        ("transformers' sdpa_attention_forward (repeat_kv under a mask in 5.17)", sdpa_attention_forward),
+        ("packed GQA SDPA (hf_loop)", packed_gqa_attention),
+    ):
+        ms = _time_ms(lambda fn=fn: fn(module, q, k, v, mask, scaling=head_dim**-0.5), reps)
         rows.append(
             {
+                "op": f"decode attention, 1 layer, {rows_n} rows x {length} keys",
                 "variant": name,
-                "sequences": len(out.completion_ids),
-                "tokens": out.num_tokens,
-                "generate_s": round(out.generate_s, 2),
-                "tokens_per_s": round(out.tokens_per_s),
-                "first_call_s": None if first_call_s is None else round(first_call_s, 1),
-                "logprob_pass_s": round(out.logprob_s, 2) if out.logprob_s else None,
-                "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else None,
-                "note": note,
+                "ms": round(ms, 3),
+                "x_layers_ms": round(cfg["num_hidden_layers"] * ms, 1),
+                "kv_gb_per_layer": round(kv_gb, 3),
+                "kv_gb_per_s": round(kv_gb / ms * 1e3),
             }
         )
-        print(json.dumps(rows[-1]), flush=True)
-
-    for name in args.variants.split(","):
-        if DEVICE == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        if name == "naive":
-            naive_generate(model, ids[:8], SamplingParams(max_new_tokens=8), PAD, {EOS})  # CUDA/cuBLAS warm-up
-            row(name, naive_generate(model, ids, forced, PAD, {EOS}), None, "dynamic cache, eager")
-        elif name in ("hf_static", "hf_static_compiled"):
-            compiled = name == "hf_static_compiled"
-            engine = HFEngine(
-                model,
-                PAD,
-                [EOS],
-                static_cache=True,
-                compile_decode=compiled,
-                pad_to_multiple=64,
-                return_logprobs=args.logprobs,
-                score_batch_size=8,
-            )
-            t0 = time.perf_counter()
-            engine.generate(ids, forced)  # same shape: compiles and records the CUDA graphs that the next call replays
-            first = time.perf_counter() - t0
-            row(name, engine.generate(ids, forced), first, "static cache" + (", compiled decode" if compiled else ""))
-        else:
-            raise SystemExit(f"unknown variant {name!r}")
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
     return rows
+
+
+def _sampling_rows(rows_n: int, vocab: int, reps: int) -> list[dict[str, Any]]:
+    import torch
+
+    from phase6.rollout import SamplingParams
+    from phase6.rollout.hf_loop import sample_tokens
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    logits = torch.randn(rows_n, vocab, device=DEVICE, dtype=dtype)
+    eos = torch.tensor([EOS % vocab], device=DEVICE)
+    eos_mask = torch.isin(torch.arange(vocab, device=DEVICE), eos)
+    forced = SamplingParams(max_new_tokens=512, min_new_tokens=512, temperature=1.0)
+    step = torch.tensor([3], device=DEVICE)
+
+    def generate_way() -> Any:  # generate per token: float32 copy, processors (min-new-tokens here), sample
+        scores = logits.to(copy=True, dtype=torch.float32)
+        scores = torch.where(eos_mask, float("-inf"), scores)
+        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+
+    rows = []
+    for name, fn in (
+        ("generate: fp32 copy + EOS processor + softmax + multinomial", generate_way),
+        ("hf_loop: Gumbel-max", lambda: sample_tokens(logits, forced, step, eos, want_logprobs=False)),
+        ("hf_loop: Gumbel-max + behaviour log-prob", lambda: sample_tokens(logits, forced, step, eos)),
+    ):
+        rows.append(
+            {"op": f"sample 1 token, {rows_n} x {vocab} logits", "variant": name, "ms": round(_time_ms(fn, reps), 3)}
+        )
+    return rows
+
+
+def bench_ops(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One layer's decode attention and one token's sampling, alone, at the benchmark shape."""
+    cfg = QWEN25_15B | (CPU_CHECK_ARCH if DEVICE == "cpu" else {})
+    rows_n = args.prompts * args.group
+    full = 192 + args.new_tokens  # the static length: prompts pad to 192
+    reps = 20 if DEVICE == "cuda" else 2
+    out = _attention_rows(rows_n, full, cfg, reps) + _attention_rows(rows_n, min(full, 480), cfg, reps)
+    out += _sampling_rows(rows_n, cfg["vocab_size"], reps)
+    for r in out:
+        print(json.dumps(r), flush=True)
+    free_memory()
+    return out
+
+
+def _max_diff(got: list[list[float]] | None, ref: list[list[float]]) -> float:
+    assert got is not None
+    return max(abs(x - y) for a, b in zip(got, ref, strict=True) for x, y in zip(a, b, strict=True))
+
+
+def bench_check(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The loop with CUDA graphs against the eager loop and plain generate, fp32, small shape (correctness)."""
+    import torch
+
+    from phase6.rollout import SamplingParams
+    from phase6.rollout.hf import naive_generate, sequence_logprobs
+    from phase6.rollout.hf_loop import DecodeLoop, LoopOptions
+
+    arch = QWEN25_15B | dict(num_hidden_layers=2)  # real vocab, width and head layout; 2 layers
+    if DEVICE == "cpu":
+        arch = QWEN25_15B | CPU_CHECK_ARCH
+    model = dummy_model(DEVICE, arch, torch.float32)
+    num_prompts, group, new = (16, 4, 48) if DEVICE == "cuda" else (3, 2, 6)
+    ids = prompts(num_prompts, group, seed=1, lengths=(20, 150))  # pads to 192: buckets 192..256 crossed
+    greedy = SamplingParams(max_new_tokens=new, temperature=0.0)
+    sampled = SamplingParams(max_new_tokens=new, min_new_tokens=new // 6, temperature=1.0, top_p=0.95)
+    plain = naive_generate(model, ids, greedy, PAD, {EOS})
+    result = []
+    for label, opts in (("loop, CUDA graphs", LoopOptions()), ("loop, eager", LoopOptions(cuda_graphs=False))):
+        loop = DecodeLoop(model, PAD, {EOS}, 64, opts)
+        for call in (1, 2):  # first call captures, second replays only
+            got = loop.generate(ids, greedy, want_logprobs=True)
+            same = sum(a == b for a, b in zip(got.completion_ids, plain.completion_ids, strict=True))
+            diff = _max_diff(got.logprobs, sequence_logprobs(model, ids, got.completion_ids, 0.0, PAD))
+            result.append(
+                {
+                    "check": f"greedy, {label}, call {call}",
+                    "rows_equal_to_generate": f"{same}/{len(ids)}",
+                    "max_abs_logprob_diff_vs_forward": float(f"{diff:.2e}"),
+                    "graphs_captured": got.graphs_captured,
+                    "pass": same == len(ids) and diff < 1e-3,
+                }
+            )
+        torch.manual_seed(0)
+        got = loop.generate(ids, sampled, want_logprobs=True)
+        diff = _max_diff(got.logprobs, sequence_logprobs(model, ids, got.completion_ids, 1.0, PAD))
+        short = min(len(c) for c in got.completion_ids)
+        result.append(
+            {
+                "check": f"sampled T=1 top_p=0.95 min_new={sampled.min_new_tokens}, {label}",
+                "rows_equal_to_generate": None,
+                "max_abs_logprob_diff_vs_forward": float(f"{diff:.2e}"),
+                "graphs_captured": got.graphs_captured,
+                "pass": diff < 1e-3 and short >= sampled.min_new_tokens,
+            }
+        )
+    for r in result:
+        print(json.dumps(r), flush=True)
+    del model
+    free_memory()
+    return result
 
 
 def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -200,7 +484,7 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     def build(trainer: Any) -> HFEngine:
         m = AutoModelForCausalLM.from_pretrained(work / "model", dtype=dtype).to(DEVICE)
-        return HFEngine(m, PAD, [EOS], compile_decode=True, pad_to_multiple=64, score_batch_size=8)
+        return HFEngine(m, PAD, [EOS], decode=args.step_decode, pad_to_multiple=64, score_batch_size=8)
 
     trainer = EngineGRPOTrainer(
         model=str(work / "model"),
@@ -244,19 +528,28 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
         )
 
 
+PARTS = ("throughput", "ops", "check", "step")
+DEFAULT_VARIANTS = "naive,hf_static_compiled,hf_loop"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("throughput", "step", "all"), default="all")
-    p.add_argument("--variants", default="naive,hf_static,hf_static_compiled")
+    p.add_argument("--part", default="throughput,ops,check", help=f"comma-separated of {PARTS}, or all")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help="naive,hf_static,hf_static_compiled,hf_loop")
+    p.add_argument("--ablations", default=",".join(LOOP_ABLATIONS), help="hf_loop rows with one fix off ('' = none)")
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=512)
-    p.add_argument("--logprobs", action="store_true", help="also time the engine's behaviour-log-prob pass")
+    p.add_argument("--logprobs", action="store_true", help="engines also return behaviour log-probs (GRPO needs them)")
     p.add_argument("--steps", type=int, default=4, help="GRPO steps for --part step (the first is warm-up)")
     p.add_argument("--micro-batch", type=int, default=16)
-    p.add_argument("--out", default=None, help="write both tables as JSON here")
+    p.add_argument("--step-decode", default="loop", choices=("loop", "generate"), help="HF engine decode, --part step")
+    p.add_argument("--out", default=None, help="write every table as JSON here")
     p.add_argument("--cpu-check", action="store_true", help="2-layer model, tiny shape, on CPU: checks the script only")
     args = p.parse_args()
+    parts = PARTS if args.part == "all" else tuple(x for x in args.part.split(",") if x)
+    if not set(parts) <= set(PARTS):
+        raise SystemExit(f"--part: unknown {sorted(set(parts) - set(PARTS))}; choose from {PARTS} or all")
     import torch
 
     global DEVICE
@@ -265,26 +558,41 @@ def main() -> None:
         args.prompts, args.group, args.new_tokens, args.steps, args.micro_batch = 4, 2, 8, 2, 4
     elif not torch.cuda.is_available():
         raise SystemExit("bench.py measures GPU throughput; no CUDA device here (--cpu-check runs the code paths)")
+    import transformers
+
+    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (check only)"
     result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (check only)",
+        "device": device,
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "date": time.strftime("%Y-%m-%d"),
         "shape": vars(args),
     }
-    if args.part in ("throughput", "all"):
-        result["throughput"] = bench_throughput(args)
-        print_table(
-            f"Rollout tokens/s, {args.prompts} prompts x {args.group} x {args.new_tokens} forced tokens, "
-            f"{result['device']}",
-            result["throughput"],
-        )
-    if args.part in ("step", "all"):
+    print(json.dumps({k: result[k] for k in ("device", "torch", "transformers", "date")}), flush=True)
+    shape = f"{args.prompts} prompts x {args.group} x {args.new_tokens} forced tokens"
+    tables: list[tuple[str, str]] = []
+    if "throughput" in parts:
+        result["throughput"], result["ablations"] = bench_throughput(args)
+        tables += [("throughput", f"Rollout tokens/s, {shape}, {device} (second call timed)")]
+        tables += [("ablations", f"hf_loop with one fix off, {shape} (one call each, graph capture included)")]
+    if "ops" in parts:
+        result["ops"] = bench_ops(args)
+        tables.append(("ops", "Per-token operations alone (ms per call)"))
+    if "check" in parts:
+        result["check"] = bench_check(args)
+        tables.append(("check", "Correctness on this device (fp32, 2 layers; 64 rows x 48 tokens on a GPU)"))
+    if "step" in parts:
         result["step"] = bench_step(args)
-        print_table(
-            f"GRPO step breakdown (HF engine, compiled), {args.prompts}x{args.group}x{args.new_tokens}, "
-            f"mean of steps 2..{args.steps}",
-            result["step"],
+        tables.append(
+            (
+                "step",
+                f"GRPO step breakdown (HF engine, {args.step_decode}), {args.prompts}x{args.group}x"
+                f"{args.new_tokens}, mean of steps 2..{args.steps}",
+            )
         )
+    for key, title in tables:
+        if result[key]:
+            print_table(title, result[key])
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
 

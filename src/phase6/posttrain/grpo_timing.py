@@ -30,7 +30,8 @@ PHASES = (ROLLOUT, WEIGHT_SYNC, BEHAVIOUR_LOGPROBS, REWARD, REF_LOGPROBS, POLICY
 PHASE_HELP = {
     ROLLOUT: "engine generation of the step's completions",
     WEIGHT_SYNC: "snapshot of the policy (staleness > 0) + push of the target version into the engine",
-    BEHAVIOUR_LOGPROBS: "HF engine only: scoring forward for the sampled tokens' log-probs (vLLM returns them)",
+    BEHAVIOUR_LOGPROBS: "HF engine, decode=generate: scoring forward for the sampled tokens' log-probs "
+    "(0 otherwise: vLLM and the HF decode loop return them with the tokens)",
     REWARD: "reward functions",
     REF_LOGPROBS: "no-grad trainer forwards: reference model (beta > 0) and current-policy log-probs (IS/staleness)",
     POLICY_UPDATE: "loss forward + backward of every micro-batch + optimizer step",

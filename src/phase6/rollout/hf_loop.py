@@ -11,23 +11,26 @@ saving predicted before measuring; the measured rows are in docs/benchmarks.md):
    again (~134 GB, ~30 ms). Here a decode query's 12 heads are packed as (2 KV heads x 6 query rows), so SDPA reads
    each K/V once. (transformers 5.24 does the same, ``pack_gqa``, but only when not compiling.)
 2. Attention over the filled part of the cache: keys up to the current position rounded up to ``attend_bucket``
-   (one graph per bucket), not the whole static length (~0.7 ms).
+   (one graph per bucket), not the whole static length (~7.1 instead of 10.3 GB read: ~0.8 ms).
 3. Sampling inside the graph: Gumbel-max (argmax of logits/T plus Gumbel noise is a sample of softmax(logits/T))
-   instead of generate's float32 copy, processors, softmax and multinomial (~0.6 ms); the behaviour log-prob of the
-   sampled token comes from the same logits (one logsumexp), not from a second forward over prompt + completion.
+   instead of generate's float32 copy, processors, softmax and ``torch.multinomial``, which reads the probabilities
+   three more times to validate them and waits for that check with two ``.item()`` host syncs per token (so it cannot
+   be captured in a CUDA graph either): ~4.5 GB -> ~2.8 GB of float32 traffic per token, ~0.4 ms. The behaviour
+   log-prob of the sampled token comes from the same logits (one logsumexp), not from a second forward over prompt
+   + completion.
 4. No host synchronization per token: EOS is checked every ``check_every`` tokens and the host only queues graph
    replays (generate reads ``unfinished.max() == 0`` after every token, so the GPU idles while Python prepares the
-   next step: ~2-4 ms).
+   next step: ~2-4 ms). With nothing left for the host to do between tokens, a sync per token would cost little.
 5. Prefill of each distinct prompt once (GRPO repeats every prompt ``num_generations`` times); its K/V is copied to
    every row that repeats it; in chunks of ``prefill_tokens`` (~0.4 s of 0.5 s at 8 generations per prompt).
 6. No compilation: the graphs are captured from the eager model (about one step's time each, instead of the ~55 s
-   first call of the compiled path); the price is the unfused eager kernels (~40 per layer, ~2-3 ms per step).
+   first call of the compiled path); the price is the unfused eager kernels (~35 small ones per layer, ~3 ms per step).
 
 The model's own modules run every step. Only the KV cache (``StaticKV``, what transformers' attention layers call
 ``update`` on) and the attention function (registered with transformers' ``AttentionInterface``, switched on for the
 duration of the loop) are ours, and the masks are passed as 4D tensors, which transformers uses as given. So this
-works for transformers decoders whose layers are all full attention (Qwen2/2.5/3, Llama, Mistral without sliding
-windows).
+should work for any transformers decoder whose layers are all full attention; it is tested on Qwen2 (the 6D models)
+under transformers 5.17 and 5.24.
 """
 
 from __future__ import annotations
@@ -425,7 +428,7 @@ class DecodeLoop:
         """Sample token ``t`` of every row and store it; finished rows get padding (as generate)."""
         tokens, logprobs = sample_tokens(logits, st.params, st.t, self.eos, self.options.sampler, st.want_logprobs)
         tokens = torch.where(st.done, self.pad_id, tokens)
-        st.done.logical_or_(torch.isin(tokens, self.eos))
+        st.done.logical_or_((tokens[:, None] == self.eos).any(dim=-1))  # (B,): explicit, no sorting path of isin
         st.tokens.index_copy_(1, st.t, tokens[:, None])
         if logprobs is not None:
             st.logprobs.index_copy_(1, st.t, logprobs[:, None])
