@@ -25,6 +25,7 @@ from phase6.config.fleet import EngineConfig, FleetRunConfig
 from phase6.config.serve import LengthDist, LoadConfig, ServeBenchRunConfig, ServeConfig
 from phase6.fleet.compare import (
     calibrate,
+    check_serve_bench,
     compare_serve_bench,
     engine_limits,
     fit_prefill,
@@ -139,6 +140,12 @@ def test_calibration_on_c1_predicts_c16_c64(tmp_path: Path) -> None:
     assert any(not o["within_20pct"] for o in raw)  # planner defaults miss: the calibration is what predicts
     with pytest.raises(ValueError, match=r"/1: the calibration needs the concurrency-1 run .* got concurrency 16"):
         calibrate(setup, runs[1], cfg.engine, limits)
+    shutil.rmtree(sweep / "0")  # no C=1 run left: the config check fails early, naming the key
+    with pytest.raises(ValueError, match=r"^analysis.compare_calibrate: .* no concurrency-1 run for TP=1 \(only "
+                       r"\[16, 64\]\)"):
+        check_serve_bench(sweep, cfg)
+    check_serve_bench(sweep, dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis,
+                                                                                   compare_calibrate=False)))
 
 
 def test_prefill_fit_is_robust_to_a_stray_request(tmp_path: Path) -> None:

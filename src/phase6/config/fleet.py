@@ -250,7 +250,8 @@ class AnalysisConfig:
     """A `phase6 serve-bench` run dir (or its results.json) or -m sweep dir: replay each closed-loop run's requests
     in the simulator and report the errors (phase6.fleet.compare)."""
     compare_calibrate: bool = True
-    """Fit step overhead and prefill MFU on the lowest-concurrency row before predicting the others."""
+    """Fit step overhead, prefill MFU and prefill overhead on each TP's concurrency-1 run (TPOT p50; TTFT vs prompt
+    length over its requests) before predicting the other runs (phase6.fleet.compare.calibrate)."""
     compare_lengths: str = "requests"
     """Request lengths replayed per run: requests (the run's completed requests from its requests.jsonl, in send
     order) | mean (every request at the run's mean prompt/output; closed loops then run in lockstep)."""

@@ -190,7 +190,17 @@ def load_serve_bench(path: str | Path) -> tuple[list[MeasuredRun], list[str]]:
 
 def check_serve_bench(path: str | Path, cfg: FleetRunConfig) -> None:
     """Fail early (one line) if the runs under ``path`` cannot be replayed against this fleet config."""
-    for run in load_serve_bench(path)[0]:
+    runs = load_serve_bench(path)[0]
+    if cfg.analysis.compare_calibrate:
+        by_tp: dict[int, list[int]] = {}
+        for run in runs:
+            by_tp.setdefault(int(run.row.get("tp") or cfg.engine.tp), []).append(run.concurrency)
+        for tp, cs in sorted(by_tp.items()):
+            if 1 not in cs:
+                raise ValueError(f"analysis.compare_calibrate: {path} has no concurrency-1 run for TP={tp} (only "
+                                 f"{sorted(cs)}); the calibration fits on it: add load.concurrency=1 to the sweep or "
+                                 "set analysis.compare_calibrate=false")
+    for run in runs:
         measured_hw = (run.config.get("hardware") or {}).get("name")
         if measured_hw is not None and measured_hw != cfg.hardware.name:
             raise ValueError(f"hardware: the fleet simulates {cfg.hardware.name} but {run.run_dir} was measured on "
