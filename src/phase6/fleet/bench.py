@@ -8,7 +8,7 @@ Scenarios (Llama-3.1-70B, TP4 replicas on H100 numbers from configs/hardware/h10
   azure     Azure LLM inference conv trace (19,366 rows) repeated to N requests, 16 colocated replicas,
             least-loaded router, rescaled to 40 req/s (busy but not overloaded: TTFT p50 ~0.1 s)
   mooncake  Mooncake synthetic trace (3,993 rows, ~30 prefix blocks each) repeated to N, 16 colocated replicas,
-            prefix-aware router with the global block index, 8 req/s
+            prefix-aware router (scores the replicas that cache the first block), 8 req/s
   pd        the azure scenario on pd:6:10 (6 prefill, 10 decode replicas) with KV transfers
 Without ../shared/data the traces are replaced by synthetic requests of similar lengths (stated in the table).
 The process pins itself to one core (sched_setaffinity) so the number is a one-core number.
