@@ -54,10 +54,13 @@ forward, the two readings of the 2026-11-29 pair):
 | variant | s/step | init s | epoch s | pairs/s epoch | x steady | x epoch | peak alloc GiB |
 | trl_default | 2.3 | 5.5 | 81 | 3.1 | 1.0 | 1.0 | 24 |
 | ours | 0.9-1.1 | 12-16 | 46-49 | 5.2-5.6 | 2.1-2.6 | 1.65-1.8 | 40-46 (fits 80 GB) |
-| ours_liger | 0.85-1.0 | 12-16 | 44-48 | 5.3-5.8 | 2.3-2.8 | 1.7-1.85 | 32-38 |
-ours_mb4 within +-5 % of ours at 62-70 GiB (too close to 80 GB to ship); ours_v1 init 65-75 s again; ref_step the
-same epoch s as ours within 5 % (one epoch: the reference forward costs the same wherever it runs; the precompute
-wins with every further epoch and every eval, which reuse it) but s/step +30-40 %.
+| ours_liger | 0.8-1.0 | 12-16 | 47-57 | 4.5-5.4 | 2.3-2.8 | 1.45-1.75 | 32-38 |
+ours_liger's steps are 5-10 % faster (fewer elementwise kernels) and it keeps ~30 % fewer activation bytes, but a fresh
+machine compiles its triton kernels in the first step (5-15 s one-off), which a 254-pair epoch feels and a 60k-pair
+UltraFeedback epoch does not. ours_mb4 within +-5 % of ours at 66-71 GiB (too close to 80 GB to ship); ours_v1 init
+65-75 s again, hash_s 40-55 of it; ref_step the same epoch s as ours within 5 % (for one epoch the reference forward
+costs the same wherever it runs; the precompute wins with every further epoch and every eval, which reuse it) but
+s/step +30-40 %.
 """
 
 from __future__ import annotations
