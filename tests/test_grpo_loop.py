@@ -33,7 +33,15 @@ TEXTS = ["Ava has 3 apples and buys 4 more.", "How many?", "1 2 3 4 5 6 7 8 9 0"
 def tiny() -> tuple[Any, Any]:
     tok = build_tiny_tokenizer(TEXTS, vocab_size=300)
     # 6 query heads on 2 KV heads: the grouping the packed attention must get right (Qwen2.5-1.5B: 12 on 2)
-    return tok, build_tiny_model(tok, hidden_size=48, num_heads=6, num_kv_heads=2, seed=0)
+    model = build_tiny_model(tok, hidden_size=48, num_heads=6, num_kv_heads=2, seed=0)
+    # At init scale (std 0.02) a random model's residual stream is its input embedding and greedy decoding repeats the
+    # last token whatever attention does; 8x larger layer weights make attention, positions and masks decide the
+    # tokens (checked: an off-by-one position or mask then changes greedy tokens and log-probs by > 0.2).
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p.mul_(8.0)
+    return tok, model
 
 
 def prompts(tok: Any, group: int = 1) -> list[list[int]]:
