@@ -53,7 +53,6 @@ PACKED_GQA = "phase6_packed_gqa"
 """Name of ``packed_gqa_attention`` in transformers' attention registry."""
 ATTENTIONS = {"packed_gqa": PACKED_GQA, "sdpa": "sdpa"}
 """LoopOptions.attention -> registry name; ``sdpa`` is transformers' own (repeat_kv under a mask on 5.17)."""
-SAMPLERS = ("gumbel", "multinomial")
 
 
 def packed_gqa_attention(
@@ -98,8 +97,6 @@ class LoopOptions:
     0 = always the whole static length (one graph)."""
     check_every: int = 16
     """Check for all-rows-finished (one host sync) every this many tokens; 0 = never stop early."""
-    sampler: str = "gumbel"
-    """gumbel (argmax of logits/T + Gumbel noise) | multinomial (softmax + torch.multinomial, as generate)."""
     dedup_prefill: bool = True
     """Prefill each distinct prompt once and copy its K/V to the rows that repeat it."""
     prefill_tokens: int = 16384
@@ -110,8 +107,6 @@ class LoopOptions:
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
             raise ValueError(f"LoopOptions.attention must be one of {list(ATTENTIONS)}, got {self.attention!r}")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"LoopOptions.sampler must be one of {list(SAMPLERS)}, got {self.sampler!r}")
         for key in ("attend_bucket", "check_every"):
             if getattr(self, key) < 0:
                 raise ValueError(f"LoopOptions.{key} must be >= 0, got {getattr(self, key)}")
@@ -189,23 +184,21 @@ def sample_tokens(
     params: SamplingParams,
     step: torch.Tensor,
     eos: torch.Tensor,
-    sampler: str = "gumbel",
     want_logprobs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Next token per row (B,) and its behaviour log-prob (B,) from (B, V) logits.
 
-    The log-prob is TRL's convention, log softmax(logits / T) before top-k/top-p (T = 1 for greedy), the same as
+    Sampling is Gumbel-max: argmax(s - log E) with E ~ Exp(1) is a sample of softmax(s), the exponential race
+    ``torch.multinomial`` also runs, without its validation (three extra reads and two ``.item()`` host syncs, which a
+    CUDA graph cannot contain). The log-prob is TRL's convention, log softmax(logits / T) before top-k/top-p (T = 1 for greedy), the same as
     ``sequence_logprobs`` computes from a forward pass.
     """
     scores = process_scores(logits, params, step, eos)
     if params.greedy:
         tokens = scores.argmax(dim=-1)
-    elif sampler == "gumbel":
-        # argmax(s - log E), E ~ Exp(1), is a sample of softmax(s): the exponential race torch.multinomial also uses
-        noise = torch.empty_like(scores).exponential_().log_()
-        tokens = (scores - noise).argmax(dim=-1)
     else:
-        tokens = torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
+        noise = torch.empty_like(scores).exponential_().log_()  # log E, E ~ Exp(1)
+        tokens = (scores - noise).argmax(dim=-1)
     if not want_logprobs:
         return tokens, None
     scaled = logits.float() / (params.temperature if not params.greedy else 1.0)
@@ -426,7 +419,7 @@ class DecodeLoop:
 
     def _emit(self, st: _Batch, logits: torch.Tensor) -> None:
         """Sample token ``t`` of every row and store it; finished rows get padding (as generate)."""
-        tokens, logprobs = sample_tokens(logits, st.params, st.t, self.eos, self.options.sampler, st.want_logprobs)
+        tokens, logprobs = sample_tokens(logits, st.params, st.t, self.eos, st.want_logprobs)
         tokens = torch.where(st.done, self.pad_id, tokens)
         st.done.logical_or_((tokens[:, None] == self.eos).any(dim=-1))  # (B,): explicit, no sorting path of isin
         st.tokens.index_copy_(1, st.t, tokens[:, None])
