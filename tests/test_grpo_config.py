@@ -44,6 +44,7 @@ def test_defaults_and_experiments() -> None:
         ("grpo.is_correction=magic", "grpo.is_correction"),
         ("grpo.loss_type=ppo", "grpo.loss_type"),
         ("engine.name=sglang", "engine.name"),
+        ("engine.hf_decode=paged", "engine.hf_decode"),
         ("monitor.nvml_interval_s=0.5", "monitor.nvml_interval_s"),
         ("+grpo.trl.beta=0.1", "grpo.trl.beta"),
         ("+engine.vllm.mode=server", "engine.vllm.mode"),
