@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from phase6.config import CONFIG_DIR, JOBS
 
@@ -35,8 +34,14 @@ def main() -> int:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         dt = time.time() - t0
         sys.stdout.write(proc.stdout[-3000:])
-        run_dir = next((ln.split("run dir:", 1)[1].strip() for ln in reversed(proc.stdout.splitlines())
-                        if ln.startswith("run dir:")), "")
+        run_dir = next(
+            (
+                ln.split("run dir:", 1)[1].strip()
+                for ln in reversed(proc.stdout.splitlines())
+                if ln.startswith("run dir:")
+            ),
+            "",
+        )
         if proc.returncode != 0:
             sys.stdout.write(proc.stderr[-3000:])
         results.append((job, "ok" if proc.returncode == 0 else f"FAILED ({proc.returncode})", dt, run_dir))

@@ -64,15 +64,18 @@ def main(argv: list[str]) -> int:
         steps, ttft = prefill_steps(Path(arg))
         for k in sorted({int(x) for x in steps[:, 0]}):
             s = steps[steps[:, 0] == k]
-            print(f"| {arg} | {k} | {len(s)} | {np.median(s[:, 3]):.0f} | {s[:, 1].mean():.0f} | {s[:, 2].mean():.0f} |")
+            print(
+                f"| {arg} | {k} | {len(s)} | {np.median(s[:, 3]):.0f} | {s[:, 1].mean():.0f} | {s[:, 2].mean():.0f} |"
+            )
         line = ""
         if len(steps) >= 3 and len({int(x) for x in steps[:, 0]}) > 1:
             a, b = np.linalg.lstsq(np.c_[np.ones(len(steps)), steps[:, 2]], steps[:, 3], rcond=None)[0]
             line = f"prefill step ms = {a:.0f} + {b * 1e3:.0f} per 1000 padded tokens ({len(steps)} steps); "
         keep = ttft[:, 1] < np.percentile(ttft[:, 1], 95)
         slope, icpt = np.polyfit(ttft[keep, 0], ttft[keep, 1], 1)
-        fits.append(f"{arg}: {line}TTFT ms = {icpt:.0f} + {slope * 1e3:.0f} per 1000 prompt tokens "
-                    f"({int(keep.sum())} requests)")
+        fits.append(
+            f"{arg}: {line}TTFT ms = {icpt:.0f} + {slope * 1e3:.0f} per 1000 prompt tokens ({int(keep.sum())} requests)"
+        )
     print("\n".join(fits))
     return 0
 

@@ -20,9 +20,21 @@ def result(ttft: list[float], tpot: list[float], out: list[int]) -> SimResult:
     arr = np.arange(n, dtype=float)
     first = arr + np.asarray(ttft)
     fin = first + np.asarray(tpot) * (np.asarray(out) - 1)
-    return SimResult(arr, first, fin, arr.copy(), np.full(n, 100), np.asarray(out), np.asarray([50] * n),
-                     np.zeros(n, dtype=np.int64), num_gpus=4, replicas={"colocated": 1}, busy_s={"colocated": 1.0},
-                     events=0, wall_s=0.0)
+    return SimResult(
+        arr,
+        first,
+        fin,
+        arr.copy(),
+        np.full(n, 100),
+        np.asarray(out),
+        np.asarray([50] * n),
+        np.zeros(n, dtype=np.int64),
+        num_gpus=4,
+        replicas={"colocated": 1},
+        busy_s={"colocated": 1.0},
+        events=0,
+        wall_s=0.0,
+    )
 
 
 def test_summarize_goodput_and_cost() -> None:
@@ -43,8 +55,12 @@ def test_summarize_goodput_and_cost() -> None:
 
 def fake_row(rate: float, limit: float, which: str = "tpot") -> dict:
     ok = rate <= limit
-    return {"slo_attainment": 0.95 if ok else 0.5, "ttft_attainment": 0.95 if ok or which == "tpot" else 0.5,
-            "tpot_attainment": 0.95 if ok or which == "ttft" else 0.5, "rate": rate}
+    return {
+        "slo_attainment": 0.95 if ok else 0.5,
+        "ttft_attainment": 0.95 if ok or which == "tpot" else 0.5,
+        "tpot_attainment": 0.95 if ok or which == "ttft" else 0.5,
+        "rate": rate,
+    }
 
 
 @pytest.mark.parametrize("start", [0.3, 7.0, 400.0])

@@ -56,22 +56,52 @@ def write_serve_bench_run(run_dir: Path, w: Workload, res: SimResult, c: int) ->
         e2e = float(res.finish_s[i] - res.arrival_s[i])
         n_out = int(w.output_tokens[i])
         times = np.linspace(ttft, e2e, n_out).tolist()  # one chunk per token, evenly spaced after the first
-        results.append(RequestResult(
-            index=i, scheduled_s=0.0, prompt_len=int(w.input_tokens[i]) - TEMPLATE_TOKENS,
-            requested_output_len=n_out, ok=True, status=200, dispatch_s=0.0, send_s=float(res.arrival_s[i]),
-            end_s=float(res.finish_s[i]), chunk_times_s=times, chunk_tokens=[1] * n_out, output_tokens=n_out,
-            tokens_source="usage", chunk_tokens_source="usage", prompt_tokens=int(w.input_tokens[i]),
-            finish_reason="length"))
+        results.append(
+            RequestResult(
+                index=i,
+                scheduled_s=0.0,
+                prompt_len=int(w.input_tokens[i]) - TEMPLATE_TOKENS,
+                requested_output_len=n_out,
+                ok=True,
+                status=200,
+                dispatch_s=0.0,
+                send_s=float(res.arrival_s[i]),
+                end_s=float(res.finish_s[i]),
+                chunk_times_s=times,
+                chunk_tokens=[1] * n_out,
+                output_tokens=n_out,
+                tokens_source="usage",
+                chunk_tokens_source="usage",
+                prompt_tokens=int(w.input_tokens[i]),
+                finish_reason="length",
+            )
+        )
     outcome = RunOutcome(results, duration_s=res.makespan_s, first_dispatch_s=0.0)
     cfg = ServeBenchRunConfig(
-        run=RunConfig(dir=str(run_dir), name="t", seed=0), logger=LoggerConfig(wandb=False, console=False),
-        hardware=HW, serve=ServeConfig(engine="torch-tp", model="outputs/models/llama3.1-8b", tp=1,
-                                       engine_args=dict(ENGINE_ARGS)),
-        load=LoadConfig(name="synthetic_h200", dataset="synthetic", path=None, concurrency=c, num_requests=len(w),
-                        prompt_dist=LengthDist("uniform", 550, 0, 100, 1000),
-                        output_dist=LengthDist("uniform", 96, 0, 64, 128)))
-    row, details = summarize(outcome, engine="torch-tp", tp=1, concurrency=c, request_rate=None, num_gpus=1,
-                             usd_per_gpu_hour=HW.usd_per_gpu_hour, slo=cfg.slo)
+        run=RunConfig(dir=str(run_dir), name="t", seed=0),
+        logger=LoggerConfig(wandb=False, console=False),
+        hardware=HW,
+        serve=ServeConfig(engine="torch-tp", model="outputs/models/llama3.1-8b", tp=1, engine_args=dict(ENGINE_ARGS)),
+        load=LoadConfig(
+            name="synthetic_h200",
+            dataset="synthetic",
+            path=None,
+            concurrency=c,
+            num_requests=len(w),
+            prompt_dist=LengthDist("uniform", 550, 0, 100, 1000),
+            output_dist=LengthDist("uniform", 96, 0, 64, 128),
+        ),
+    )
+    row, details = summarize(
+        outcome,
+        engine="torch-tp",
+        tp=1,
+        concurrency=c,
+        request_rate=None,
+        num_gpus=1,
+        usd_per_gpu_hour=HW.usd_per_gpu_hour,
+        slo=cfg.slo,
+    )
     rec = RunRecord(cfg, job="serve_bench")
     with (rec.dir / "requests.jsonl").open("w") as f:
         for r in outcome.results:
@@ -126,14 +156,17 @@ def test_calibration_on_c1_predicts_c16_c64(tmp_path: Path) -> None:
     runs, _ = load_serve_bench(sweep)
     seqs, budget, _ = engine_limits(runs[0], cfg.engine)
     limits = EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, HW, cfg.engine))
-    fit = calibrate(setup, runs[0], dataclasses.replace(cfg.engine, max_num_seqs=seqs, max_batched_tokens=budget),
-                    limits)
+    fit = calibrate(
+        setup, runs[0], dataclasses.replace(cfg.engine, max_num_seqs=seqs, max_batched_tokens=budget), limits
+    )
     for k, v in PLANTED.items():
         assert getattr(fit, k) == pytest.approx(v, rel=1e-4), k
     out, _ = compare_serve_bench(sweep, cfg, setup)
     assert [o["role"] for o in out] == ["calibration (fitted here)", "prediction", "prediction"]
-    assert out[2]["calibration"].startswith("fitted at C=1: step overhead 3.00 ms, prefill overhead 40.0 ms, "
-                                            "prefill_mfu 0.350 (TTFT fit mean |error| 0.0 ms over 40 requests")
+    assert out[2]["calibration"].startswith(
+        "fitted at C=1: step overhead 3.00 ms, prefill overhead 40.0 ms, "
+        "prefill_mfu 0.350 (TTFT fit mean |error| 0.0 ms over 40 requests"
+    )
     for o in out:
         assert abs(o["ttft_err_pct"]) < 0.01 and abs(o["tpot_err_pct"]) < 0.01 and o["within_20pct"], o
     raw, _ = compare_serve_bench(sweep, cfg, setup, calibrate_rows=False)
@@ -141,11 +174,15 @@ def test_calibration_on_c1_predicts_c16_c64(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"/1: the calibration needs the concurrency-1 run .* got concurrency 16"):
         calibrate(setup, runs[1], cfg.engine, limits)
     shutil.rmtree(sweep / "0")  # no C=1 run left: the config check fails early, naming the key
-    with pytest.raises(ValueError, match=r"^analysis.compare_calibrate: .* no concurrency-1 run for TP=1 \(only "
-                       r"\[16, 64\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^analysis.compare_calibrate: .* no concurrency-1 run for TP=1 \(only "
+        r"\[16, 64\]\)",
+    ):
         check_serve_bench(sweep, cfg)
-    check_serve_bench(sweep, dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis,
-                                                                                   compare_calibrate=False)))
+    check_serve_bench(
+        sweep, dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis, compare_calibrate=False))
+    )
 
 
 def test_prefill_fit_is_robust_to_a_stray_request(tmp_path: Path) -> None:
@@ -192,7 +229,9 @@ def test_bad_records_name_the_file(tmp_path: Path) -> None:
     shutil.copytree(REAL / "0", run)
     lines = (run / "requests.jsonl").read_text().splitlines()
     (run / "requests.jsonl").write_text("\n".join(lines[:-1]) + "\n")
-    with pytest.raises(ValueError, match=r"requests.jsonl: 19 completed requests, but results.json says completed = 20"):
+    with pytest.raises(
+        ValueError, match=r"requests.jsonl: 19 completed requests, but results.json says completed = 20"
+    ):
         load_serve_bench(run)
     rec = json.loads(lines[3])
     del rec["ttft_s"]
@@ -211,20 +250,35 @@ def test_bad_records_name_the_file(tmp_path: Path) -> None:
 
 def test_cli_on_real_sweep_and_hardware_mismatch(tmp_path: Path) -> None:
     model = str(REAL / "qwen2.5-14b_config.json")
-    base = [sys.executable, "-m", "phase6", "fleet", "experiment=compare", f"analysis.compare_with={REAL}",
-            f"model={model}", "logger=none"]
-    proc = subprocess.run([*base, "hardware=h200", f"run.dir={tmp_path / 'ok'}"], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    base = [
+        sys.executable,
+        "-m",
+        "phase6",
+        "fleet",
+        "experiment=compare",
+        f"analysis.compare_with={REAL}",
+        f"model={model}",
+        "logger=none",
+    ]
+    proc = subprocess.run(
+        [*base, "hardware=h200", f"run.dir={tmp_path / 'ok'}"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| 1 | 1 | 20 | 165.6 |" in proc.stdout and "skipped:" in proc.stdout
     table = json.loads((tmp_path / "ok" / "results.json").read_text())["tables"]["Simulated vs measured (serve-bench)"]
     assert len(table) == 1 and table[0]["engine"] == "torch-tp"
-    proc = subprocess.run([*base, "hardware=h100_sxm", f"run.dir={tmp_path / 'bad'}"], capture_output=True,
-                          text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [*base, "hardware=h100_sxm", f"run.dir={tmp_path / 'bad'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"phase6: error: hardware: the fleet simulates h100_sxm but {REAL / '0'} was measured on h200 (its "
-        "config.yaml); pass hardware=h200"]
+        "config.yaml); pass hardware=h200"
+    ]
 
 
 def test_prefill_steps_script_recovers_a_step(tmp_path: Path) -> None:
@@ -238,17 +292,30 @@ def test_prefill_steps_script_recovers_a_step(tmp_path: Path) -> None:
     spec.loader.exec_module(mod)
 
     def rec(i: int, send: float, chunks: list[float], prompt: int) -> str:
-        return json.dumps({"index": i, "ok": True, "send_s": send, "ttft_s": chunks[0], "chunk_times_s": chunks,
-                           "prompt_tokens": prompt})
+        return json.dumps(
+            {
+                "index": i,
+                "ok": True,
+                "send_s": send,
+                "ttft_s": chunks[0],
+                "chunk_times_s": chunks,
+                "prompt_tokens": prompt,
+            }
+        )
 
     run = tmp_path / "run"
     run.mkdir()
     decoder = [0.050, 0.060, 0.070, 0.220, 0.230]  # a 150 ms gap ends at t = 0.220
-    (run / "requests.jsonl").write_text("\n".join([
-        rec(0, 0.0, decoder, 400),
-        rec(1, 0.075, [0.145, 0.155], 300),  # first token at 0.220
-        rec(2, 0.080, [0.1405, 0.1505], 500),  # first token at 0.2205: the same step
-    ]) + "\n")
+    (run / "requests.jsonl").write_text(
+        "\n".join(
+            [
+                rec(0, 0.0, decoder, 400),
+                rec(1, 0.075, [0.145, 0.155], 300),  # first token at 0.220
+                rec(2, 0.080, [0.1405, 0.1505], 500),  # first token at 0.2205: the same step
+            ]
+        )
+        + "\n"
+    )
     steps, ttft = mod.prefill_steps(run)
     assert steps.tolist() == [[2.0, 800.0, 1000.0, pytest.approx(150.0)]]  # request 0's own prefill has no witness
     assert ttft[:, 0].tolist() == [400, 300, 500]
@@ -268,7 +335,10 @@ def test_torch_tp_limits_default_to_the_server_defaults(tmp_path: Path) -> None:
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     (measured,), _ = load_serve_bench(run)
     assert engine_limits(measured, EngineConfig(tp=1, max_num_seqs=32, max_batched_tokens=4096)) == (
-        32, 4096, "engine.max_num_seqs=32, engine.max_batched_tokens=4096")
+        32,
+        4096,
+        "engine.max_num_seqs=32, engine.max_batched_tokens=4096",
+    )
 
 
 def test_calibration_bootstrap_script(tmp_path: Path) -> None:
@@ -282,8 +352,15 @@ def test_calibration_bootstrap_script(tmp_path: Path) -> None:
     spec.loader.exec_module(mod)
     sweep, _, _, _ = planted_sweep(tmp_path)
     rows = {r["quantity"]: r for r in mod.bootstrap(sweep, "llama3.1-8b", "h200", n=2)}
-    assert set(rows) == {"step_overhead_ms", "prefill_overhead_ms", "prefill_mfu", "C=16 ttft_err_pct",
-                         "C=16 tpot_err_pct", "C=64 ttft_err_pct", "C=64 tpot_err_pct"}
+    assert set(rows) == {
+        "step_overhead_ms",
+        "prefill_overhead_ms",
+        "prefill_mfu",
+        "C=16 ttft_err_pct",
+        "C=16 tpot_err_pct",
+        "C=64 ttft_err_pct",
+        "C=64 tpot_err_pct",
+    }
     for k, v in PLANTED.items():
         assert rows[k]["p5"] == pytest.approx(v, rel=1e-4) and rows[k]["p95"] == pytest.approx(v, rel=1e-4), k
     for k in ("C=16 ttft_err_pct", "C=64 tpot_err_pct"):

@@ -22,15 +22,18 @@ REPO = CONFIG_DIR.parent
 HW = HardwareConfig(**yaml.safe_load((CONFIG_DIR / "hardware" / "h200.yaml").read_text()))
 
 
-@pytest.mark.parametrize("override,key", [
-    ("fleet.policies=[colocated,pd:0:2]", "fleet.policies"),
-    ("fleet.routers=[random]", "fleet.routers"),
-    ("engine.max_batched_tokens=16", "engine.max_batched_tokens"),
-    ("workload.kind=parquet", "workload.kind"),
-    ("slo.attainment=1.5", "slo.attainment"),
-    ("load.rates=[0]", "load.rates"),
-    ("engine.step_time=table", "engine.table_path"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("fleet.policies=[colocated,pd:0:2]", "fleet.policies"),
+        ("fleet.routers=[random]", "fleet.routers"),
+        ("engine.max_batched_tokens=16", "engine.max_batched_tokens"),
+        ("workload.kind=parquet", "workload.kind"),
+        ("slo.attainment=1.5", "slo.attainment"),
+        ("load.rates=[0]", "load.rates"),
+        ("engine.step_time=table", "engine.table_path"),
+    ],
+)
 def test_bad_config_names_the_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         load_config("fleet", [override])
@@ -47,8 +50,14 @@ def test_shipped_experiments_compose() -> None:
 def test_smoke_run_record(tmp_path: Path) -> None:
     run_dir = tmp_path / "smoke"
     env = {**os.environ, "WANDB_MODE": "offline"}
-    proc = subprocess.run([sys.executable, "-m", "phase6", "fleet", "experiment=smoke", f"run.dir={run_dir}"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phase6", "fleet", "experiment=smoke", f"run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == f"run dir: {run_dir}"
     res = json.loads((run_dir / "results.json").read_text())
@@ -62,8 +71,14 @@ def test_smoke_run_record(tmp_path: Path) -> None:
     assert any(k.startswith("Replicas needed") for k in tables)
     grid = tables["When PD disaggregation pays (max rate within SLO, same GPUs)"]
     assert len(grid) == 1 and grid[0]["winner"] in ("PD", "colocated", "tie", "neither") and grid[0]["reason"]
-    for f in ("config.yaml", "env.json", "metrics.jsonl", "results.md", "plots/goodput_vs_load.png",
-              "plots/pd_grid.png"):
+    for f in (
+        "config.yaml",
+        "env.json",
+        "metrics.jsonl",
+        "results.md",
+        "plots/goodput_vs_load.png",
+        "plots/pd_grid.png",
+    ):
         assert (run_dir / f).is_file(), f
     keys = set(json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0]))
     assert {"serve/goodput_req_s", "fleet/slo_attainment", "fleet/prefix_hit_rate"} <= keys
@@ -93,13 +108,30 @@ def test_pd_grid_max_rate_respects_decode_roofline() -> None:
 
 def test_bad_trace_row_exits_2_with_one_line(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
-    trace.write_text('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
-                     '{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [2]}\n')
+    trace.write_text(
+        '{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [2]}\n'
+    )
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "phase6", "fleet", "workload=mooncake", f"workload.path={trace}",
-                           "load.rates=[1]", "logger=none", f"run.dir={run_dir}"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phase6",
+            "fleet",
+            "workload=mooncake",
+            f"workload.path={trace}",
+            "load.rates=[1]",
+            "logger=none",
+            f"run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"phase6: error: {trace}:2: timestamps not sorted (1 ms after 5 ms); "
-                                                "sort the trace by arrival"]
+    assert proc.stderr.strip().splitlines() == [
+        f"phase6: error: {trace}:2: timestamps not sorted (1 ms after 5 ms); sort the trace by arrival"
+    ]
     assert not (run_dir / "results.json").exists()

@@ -76,12 +76,21 @@ def test_chunked_prefill_splits_long_prompt() -> None:
 
 
 def shared_prefix_workload(n: int = 400, seed: int = 0, rate: float = 6.0) -> Workload:
-    return synthetic(n, rate, [RequestClass(1.0, 100, 1500, 20, 200)], seed, prefix_groups=4, prefix_tokens=1024,
-                     turns=2, think_time_s=5.0)
+    return synthetic(
+        n,
+        rate,
+        [RequestClass(1.0, 100, 1500, 20, 200)],
+        seed,
+        prefix_groups=4,
+        prefix_tokens=1024,
+        turns=2,
+        think_time_s=5.0,
+    )
 
 
-@pytest.mark.parametrize("topo,router", [(Topology(colocated=2), "prefix_aware"),
-                                         (Topology(prefill=1, decode=2), "least_loaded")])
+@pytest.mark.parametrize(
+    "topo,router", [(Topology(colocated=2), "prefix_aware"), (Topology(prefill=1, decode=2), "least_loaded")]
+)
 def test_decode_runs_equal_per_token_stepping(topo: Topology, router: str) -> None:
     """One event per batch change (closed-form decode runs, cut by arrivals) == one event per token."""
     w = shared_prefix_workload()
@@ -96,8 +105,9 @@ def test_decode_runs_equal_per_token_stepping(topo: Topology, router: str) -> No
 
 def test_simpy_and_heapq_loops_identical_and_deterministic() -> None:
     w = shared_prefix_workload(300, seed=1)
-    runs = [simulate(w, MODEL, LIMITS, Topology(colocated=3), "prefix_aware", engine=e) for e in ("simpy", "heapq",
-                                                                                                     "simpy")]
+    runs = [
+        simulate(w, MODEL, LIMITS, Topology(colocated=3), "prefix_aware", engine=e) for e in ("simpy", "heapq", "simpy")
+    ]
     for r in runs[1:]:
         assert np.array_equal(runs[0].finish_s, r.finish_s) and np.array_equal(runs[0].first_token_s, r.first_token_s)
         assert runs[0].events == r.events
@@ -146,11 +156,21 @@ def test_request_larger_than_kv_raises() -> None:
 def test_prefix_aware_router_finds_cached_prefixes() -> None:
     """32 system prompts of 4 blocks = 128 blocks of prefixes, 60 KV blocks per replica: spraying requests makes
     every replica cache everything (and thrash); routing by cached prefix partitions the prefixes."""
-    w = synthetic(800, 8.0, [RequestClass(1.0, 100, 1500, 20, 200)], 4, prefix_groups=32, prefix_tokens=2048,
-                  turns=2, think_time_s=5.0)
+    w = synthetic(
+        800,
+        8.0,
+        [RequestClass(1.0, 100, 1500, 20, 200)],
+        4,
+        prefix_groups=32,
+        prefix_tokens=2048,
+        turns=2,
+        think_time_s=5.0,
+    )
     lim = EngineLimits(64, 4096, 60)
-    hit = {rt: simulate(w, MODEL, lim, Topology(colocated=4), rt).prefix_hit_rate
-           for rt in ("round_robin", "prefix_aware", "session_affinity")}
+    hit = {
+        rt: simulate(w, MODEL, lim, Topology(colocated=4), rt).prefix_hit_rate
+        for rt in ("round_robin", "prefix_aware", "session_affinity")
+    }
     assert hit["prefix_aware"] > 2 * hit["round_robin"]
     assert hit["session_affinity"] > hit["round_robin"] + 0.1
 
@@ -183,9 +203,11 @@ def test_pd_removes_prefill_interference_from_tpot() -> None:
 
 
 def test_table_step_time_from_serve_bench(tmp_path: Path) -> None:
-    rows = [{"concurrency": 1, "ttft_p50_ms": 50.0, "tpot_p50_ms": 10.0},
-            {"concurrency": 16, "ttft_p50_ms": 80.0, "tpot_p50_ms": 14.0},
-            {"concurrency": None, "request_rate": 2.0, "ttft_p50_ms": 1.0, "tpot_p50_ms": 1.0}]
+    rows = [
+        {"concurrency": 1, "ttft_p50_ms": 50.0, "tpot_p50_ms": 10.0},
+        {"concurrency": 16, "ttft_p50_ms": 80.0, "tpot_p50_ms": 14.0},
+        {"concurrency": None, "request_rate": 2.0, "ttft_p50_ms": 1.0, "tpot_p50_ms": 1.0},
+    ]
     p = tmp_path / "results.json"
     p.write_text(json.dumps({"job": "serve_bench", "rows": rows}))
     t = TableStepTime.from_serve_bench(p, input_tokens=1000)
@@ -202,8 +224,7 @@ def test_pd_prefill_replica_resumes_when_transfers_free_its_kv() -> None:
     """Saturated decode pool: prefill KV stays held until the decode side has room; a prefill replica blocked on that
     KV must restart when a transfer frees it (regression: it idled forever and requests never finished)."""
     w = fixed_lengths(300, 50.0, 600, 200, seed=8)  # 2 blocks at the prefill side, 2 at the decode side
-    r = simulate(w, MODEL, EngineLimits(64, 4096, 6), Topology(prefill=2, decode=1), "least_loaded",
-                 kv_transfer_s=xfer)
+    r = simulate(w, MODEL, EngineLimits(64, 4096, 6), Topology(prefill=2, decode=1), "least_loaded", kv_transfer_s=xfer)
     assert np.isfinite(r.finish_s).all()
     # prompt done, not finished: <= 3 holding KV at the decode replica + 2 x 3 still held at the prefill replicas
     assert max_overlap(r.first_token_s, r.finish_s) == 9
@@ -271,17 +292,31 @@ def bisect_first_step(run_s: Any, d: int, s: int, k: int, elapsed: float) -> int
     return lo
 
 
-@pytest.mark.parametrize("topo,router", [(Topology(colocated=4), "prefix_aware"),
-                                         (Topology(prefill=2, decode=2), "prefix_aware"),
-                                         (Topology(colocated=3), "session_affinity")])
+@pytest.mark.parametrize(
+    "topo,router",
+    [
+        (Topology(colocated=4), "prefix_aware"),
+        (Topology(prefill=2, decode=2), "prefix_aware"),
+        (Topology(colocated=3), "session_affinity"),
+    ],
+)
 def test_fast_paths_equal_straightforward_versions(topo: Topology, router: str, monkeypatch: Any) -> None:
     """The speed work (prefix router scoring only replicas that hold the first block, cached step-time terms,
     bracketed search for where an arrival cuts a decode run) changes no result bit: same times, hits, replicas and
     evictions as the straightforward versions, with step and prefill overheads and TP all-reduces in the step times."""
-    w = synthetic(1500, 12.0, [RequestClass(1.0, 100, 3000, 20, 300)], 3, prefix_groups=12, prefix_tokens=2048,
-                  turns=3, think_time_s=2.0)
-    model = planner_model(SPEC, HW, dataclasses.replace(ENG, step_overhead_ms=2.5, prefill_overhead_ms=30.0,
-                                                        prefill_mfu=0.4))
+    w = synthetic(
+        1500,
+        12.0,
+        [RequestClass(1.0, 100, 3000, 20, 300)],
+        3,
+        prefix_groups=12,
+        prefix_tokens=2048,
+        turns=3,
+        think_time_s=2.0,
+    )
+    model = planner_model(
+        SPEC, HW, dataclasses.replace(ENG, step_overhead_ms=2.5, prefill_overhead_ms=30.0, prefill_mfu=0.4)
+    )
     lim = EngineLimits(32, 2048, 40)  # small KV: evictions and admission waits
     fast = simulate(w, model, lim, topo, router, kv_transfer_s=xfer)
     monkeypatch.setattr(Simulation, "_route", reference_route)

@@ -37,14 +37,17 @@ def test_mooncake_loads_columns(tmp_path: Path) -> None:
     assert w.rate == pytest.approx(2 / 1.5)
 
 
-@pytest.mark.parametrize("bad,line,msg", [
-    ({"timestamp": 600, "input_length": 10, "output_length": 1}, 2, "missing field 'hash_ids'"),
-    ({"timestamp": 600, "input_length": -5, "output_length": 1, "hash_ids": []}, 2, "input length"),
-    ({"timestamp": 600, "input_length": 10, "output_length": 0, "hash_ids": [3]}, 2, "output length"),
-    ({"timestamp": 100, "input_length": 10, "output_length": 1, "hash_ids": [3]}, 2, "not sorted"),
-    ({"timestamp": 600, "input_length": 2000, "output_length": 1, "hash_ids": [3]}, 2, "needs ceil"),
-    ({"timestamp": "x", "input_length": 10, "output_length": 1, "hash_ids": [3]}, 2, "timestamp must be a number"),
-])
+@pytest.mark.parametrize(
+    "bad,line,msg",
+    [
+        ({"timestamp": 600, "input_length": 10, "output_length": 1}, 2, "missing field 'hash_ids'"),
+        ({"timestamp": 600, "input_length": -5, "output_length": 1, "hash_ids": []}, 2, "input length"),
+        ({"timestamp": 600, "input_length": 10, "output_length": 0, "hash_ids": [3]}, 2, "output length"),
+        ({"timestamp": 100, "input_length": 10, "output_length": 1, "hash_ids": [3]}, 2, "not sorted"),
+        ({"timestamp": 600, "input_length": 2000, "output_length": 1, "hash_ids": [3]}, 2, "needs ceil"),
+        ({"timestamp": "x", "input_length": 10, "output_length": 1, "hash_ids": [3]}, 2, "timestamp must be a number"),
+    ],
+)
 def test_mooncake_bad_rows_name_the_line(tmp_path: Path, bad: dict, line: int, msg: str) -> None:
     rows = [{"timestamp": 500, "input_length": 10, "output_length": 1, "hash_ids": [1]}, bad]
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
@@ -72,12 +75,15 @@ def test_azure_loads_and_parses_seven_digit_fractions(tmp_path: Path) -> None:
     assert w.hash_ids is None and w.session.tolist() == [0, 1]
 
 
-@pytest.mark.parametrize("body,line,msg", [
-    ("2023-11-16 18:15:46.1,374,44\n2023-11-16 18:15:45.1,10,1\n", 3, "not sorted"),
-    ("2023-11-16 18:15:46.1,374,44\n2023-11-16 18:15:47.1,-3,1\n", 3, "input length"),
-    ("2023-11-16 18:15:46.1,374,44\n2023-11-16 18:15:47.1,,1\n", 3, "missing field 'ContextTokens'"),
-    ("2023-11-16 18:15:46.1,374,44\nyesterday,3,1\n", 3, "TIMESTAMP"),
-])
+@pytest.mark.parametrize(
+    "body,line,msg",
+    [
+        ("2023-11-16 18:15:46.1,374,44\n2023-11-16 18:15:45.1,10,1\n", 3, "not sorted"),
+        ("2023-11-16 18:15:46.1,374,44\n2023-11-16 18:15:47.1,-3,1\n", 3, "input length"),
+        ("2023-11-16 18:15:46.1,374,44\n2023-11-16 18:15:47.1,,1\n", 3, "missing field 'ContextTokens'"),
+        ("2023-11-16 18:15:46.1,374,44\nyesterday,3,1\n", 3, "TIMESTAMP"),
+    ],
+)
 def test_azure_bad_rows_name_the_line(tmp_path: Path, body: str, line: int, msg: str) -> None:
     p = tmp_path / "az.csv"
     p.write_text(AZ_HEADER + body)

@@ -60,7 +60,7 @@ def test_every_yaml_composes_into_its_dataclass(job: str, overrides: list[str], 
     warmup needs a long run), with every shipped experiment that selects it; an option that composes nowhere fails."""
     try:
         cfgs = [load_config(job, overrides)]
-    except ConfigError as e:
+    except ConfigError:
         group, _, option = overrides[0].partition("=") if overrides else ("", "", "")
         experiments = _experiments_selecting(job, group, option) if group not in ("", "experiment") else []
         if not experiments:
@@ -78,14 +78,17 @@ def test_no_orphan_yaml() -> None:
     assert not orphans, f"YAML files no job composes: {orphans}"
 
 
-@pytest.mark.parametrize("override,key", [
-    ("gpus=-1", "gpus"),                                   # impossible value (dataclass __post_init__)
-    ("hours=abc", "hours"),                                # wrong type
-    ("gpuz=3", "gpuz"),                                    # unknown key
-    ("hardware.peak_bf16_tflops=-5", "hardware.peak_bf16_tflops"),
-    ("logger.mode=sometimes", "logger.mode"),
-    ("hardware=h999", "hardware"),                         # unknown group option
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("gpus=-1", "gpus"),  # impossible value (dataclass __post_init__)
+        ("hours=abc", "hours"),  # wrong type
+        ("gpuz=3", "gpuz"),  # unknown key
+        ("hardware.peak_bf16_tflops=-5", "hardware.peak_bf16_tflops"),
+        ("logger.mode=sometimes", "logger.mode"),
+        ("hardware=h999", "hardware"),  # unknown group option
+    ],
+)
 def test_bad_input_exits_2_naming_the_key(override: str, key: str) -> None:
     result = runner.invoke(app, ["config", "cost", override])
     assert result.exit_code == 2, result.output
@@ -97,7 +100,11 @@ def test_bad_input_exits_2_naming_the_key(override: str, key: str) -> None:
 
 def test_sweep_members_are_all_validated_before_running() -> None:
     assert expand_sweep(["gpus=1,2", "hours=1,3"]) == [
-        ["gpus=1", "hours=1"], ["gpus=1", "hours=3"], ["gpus=2", "hours=1"], ["gpus=2", "hours=3"]]
+        ["gpus=1", "hours=1"],
+        ["gpus=1", "hours=3"],
+        ["gpus=2", "hours=1"],
+        ["gpus=2", "hours=3"],
+    ]
     result = runner.invoke(app, ["cost", "-m", "gpus=1,-2"])
     assert result.exit_code == 2
     assert "gpus" in (result.stderr or result.output)

@@ -24,30 +24,40 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def phase6(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "phase6", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})}, cwd=cwd or REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "phase6", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+        cwd=cwd or REPO,
+    )
 
 
 # --- cost math: hand-computed ---------------------------------------------------------------------------------
 
+
 def test_cost_hand_computed() -> None:
-    assert cost.gpu_hours(8, 2700) == pytest.approx(6.0)                     # 8 GPUs x 45 min
+    assert cost.gpu_hours(8, 2700) == pytest.approx(6.0)  # 8 GPUs x 45 min
     assert cost.usd(6.0, 2.49) == pytest.approx(14.94)
     # Llama-3.1-70B TP4 at 3,542.9 output tok/s -> 4e6/(3600*3542.9) = 0.3136 GPU-h per 1M (anchors §5.3)
     assert cost.gpu_hours_per_1m_tokens(4, 3542.9) == pytest.approx(0.31363, rel=1e-4)
     assert cost.usd_per_1m_tokens(4, 3542.9, 2.49) == pytest.approx(0.78094, rel=1e-4)
     assert cost.gpu_hours_per_1m_tokens(1, 0.0) == float("inf")
     hw = HardwareConfig(name="x", usd_per_gpu_hour=2.0)
-    block = cost.run_cost(hw, num_gpus=2, seconds=1800, tokens=3.6e6)        # 1 GPU-h, 2000 tok/s
+    block = cost.run_cost(hw, num_gpus=2, seconds=1800, tokens=3.6e6)  # 1 GPU-h, 2000 tok/s
     assert block["gpu_hours"] == pytest.approx(1.0) and block["usd"] == pytest.approx(2.0)
     assert block["gpu_hours_per_1m_tokens"] == pytest.approx(2 * 1e6 / (3600 * 2000))
-    rows = cost.api_comparison(0.5, 1.0, [ApiPrice(provider="p", model="m", usd_per_1m_input=0.1, usd_per_1m_output=0.4)])
+    rows = cost.api_comparison(
+        0.5, 1.0, [ApiPrice(provider="p", model="m", usd_per_1m_input=0.1, usd_per_1m_output=0.4)]
+    )
     assert rows[0]["output_api_over_self"] == pytest.approx(0.4)
     with pytest.raises(ValueError):
         cost.gpu_hours(0, 10)
 
 
 # --- redaction ----------------------------------------------------------------------------------------------------
+
 
 def test_redaction_rules() -> None:
     for k in ("HF_TOKEN", "WANDB_API_KEY", "api_key", "password", "client_secret", "OPENAI_API_KEY", "judge.apiKey"):
@@ -56,8 +66,13 @@ def test_redaction_rules() -> None:
         assert not is_secret_key(k), k
     # numbers are never secrets, whatever the key says
     assert redact({"kv_cache_bytes_per_token": 327680}) == {"kv_cache_bytes_per_token": 327680}
-    data = {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwx", "nested": {"api_key": "xyz", "max_new_tokens": 128},
-            "tokenizer": "gpt2", "free": "use sk-abcdefghijklmnopqrstuvwx here", "list": [{"password": "p"}]}
+    data = {
+        "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwx",
+        "nested": {"api_key": "xyz", "max_new_tokens": 128},
+        "tokenizer": "gpt2",
+        "free": "use sk-abcdefghijklmnopqrstuvwx here",
+        "list": [{"password": "p"}],
+    }
     out = redact(data)
     assert out["HF_TOKEN"] == REDACTED and out["nested"]["api_key"] == REDACTED
     assert out["nested"]["max_new_tokens"] == 128 and out["tokenizer"] == "gpt2"
@@ -68,12 +83,25 @@ def test_redaction_rules() -> None:
 def test_secrets_never_reach_run_files(tmp_path: Path) -> None:
     secret = "hf_SECRETSECRETSECRETSECRET"
     run_dir = tmp_path / "r"
-    proc = phase6("cost", f"run.dir={run_dir}", "run.name=secretcheck", "hours=1", "output_tokens=1e6",
-                  f"+note={secret}", env={"HF_TOKEN": secret, "MY_PASSWORD": "hunter2"})
+    proc = phase6(
+        "cost",
+        f"run.dir={run_dir}",
+        "run.name=secretcheck",
+        "hours=1",
+        "output_tokens=1e6",
+        f"+note={secret}",
+        env={"HF_TOKEN": secret, "MY_PASSWORD": "hunter2"},
+    )
     # `+note` is an unknown key: rejected before anything is written
     assert proc.returncode == 2 and "note" in proc.stderr
-    proc = phase6("cost", f"run.dir={run_dir}", "hours=1", "output_tokens=1e6", f"hardware.source={secret}",
-                  env={"HF_TOKEN": secret, "MY_PASSWORD": "hunter2"})
+    proc = phase6(
+        "cost",
+        f"run.dir={run_dir}",
+        "hours=1",
+        "output_tokens=1e6",
+        f"hardware.source={secret}",
+        env={"HF_TOKEN": secret, "MY_PASSWORD": "hunter2"},
+    )
     assert proc.returncode == 0, proc.stderr
     for f in run_dir.rglob("*"):
         if f.is_file():
@@ -82,6 +110,7 @@ def test_secrets_never_reach_run_files(tmp_path: Path) -> None:
 
 
 # --- run directory --------------------------------------------------------------------------------------------------
+
 
 def test_run_directory_files(tmp_path: Path) -> None:
     run_dir = tmp_path / "cost_run"
@@ -146,6 +175,7 @@ def test_report_rebuilds_and_merges(tmp_path: Path) -> None:
 
 # --- W&B offline ------------------------------------------------------------------------------------------------------
 
+
 def test_wandb_offline_writes_local_run_and_no_external_connection(tmp_path: Path) -> None:
     """Offline W&B writes a local run; a proxy on loopback sees zero connection attempts and the Python process
     opens no socket to a non-loopback address (audit hook)."""
@@ -183,7 +213,7 @@ def test_wandb_offline_writes_local_run_and_no_external_connection(tmp_path: Pat
         sys.addaudithook(hook)
         from phase6.launch import load_config
         from phase6.runrecord import RunRecord
-        cfg = load_config("cost", ["run.dir={tmp_path / 'wb'}", "logger=default"])
+        cfg = load_config("cost", ["run.dir={tmp_path / "wb"}", "logger=default"])
         rec = RunRecord(cfg, job="cost")
         assert rec._wandb is not None, "wandb should be active"
         for s in range(3):
@@ -192,8 +222,18 @@ def test_wandb_offline_writes_local_run_and_no_external_connection(tmp_path: Pat
         print("BAD", bad)
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
-    env.update({"HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy, "http_proxy": proxy,
-                "NO_PROXY": "", "WANDB_SILENT": "true", "HOME": str(tmp_path), "NETRC": str(tmp_path / "none")})
+    env.update(
+        {
+            "HTTPS_PROXY": proxy,
+            "HTTP_PROXY": proxy,
+            "https_proxy": proxy,
+            "http_proxy": proxy,
+            "NO_PROXY": "",
+            "WANDB_SILENT": "true",
+            "HOME": str(tmp_path),
+            "NETRC": str(tmp_path / "none"),
+        }
+    )
     try:
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, env=env)
     finally:

@@ -16,15 +16,18 @@ from phase6.serving.stats import EXTRA_ROW_KEYS, ROW_KEYS
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "openai")),
-                       reason="transformers[serving] extra not installed"),
+    pytest.mark.skipif(
+        any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "openai")),
+        reason="transformers[serving] extra not installed",
+    ),
 ]
 
 
 def test_smoke_sweep_end_to_end(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    result = CliRunner().invoke(app, ["serve-bench", "-m", "experiment=smoke", "load.concurrency=2,4",
-                                      f"run.dir={sweep}"])
+    result = CliRunner().invoke(
+        app, ["serve-bench", "-m", "experiment=smoke", "load.concurrency=2,4", f"run.dir={sweep}"]
+    )
     assert result.exit_code == 0, result.output
     members = [sweep / "0", sweep / "1"]
     res = [json.loads((d / "results.json").read_text()) for d in members]

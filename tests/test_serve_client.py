@@ -29,19 +29,19 @@ class WordTok:
 
 
 SCRIPTS: list[dict[str, Any]] = [
-    {"ttft_s": 0.05, "gaps_s": [0.01] * 4},                                                  # 0 plain
-    {"ttft_s": 0.05, "gaps_s": [0.04, 0.02], "tokens": [1, 3, 2], "usage": "continuous"},    # 1 multi-token chunks
-    {"fault": "http500"},                                                                    # 2
-    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "stall", "fault_at": 2},                 # 3
-    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "disconnect", "fault_at": 2},            # 4
-    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "malformed", "fault_at": 1},             # 5
-    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "no_finish"},                            # 6
-    {"ttft_s": 0.02, "gaps_s": [0.01] * 3, "done": False},                                   # 7 transformers style
-    {"ttft_s": 0.02, "gaps_s": [0.01, 0.01], "tokens": [2, 1, 3], "usage": "none"},          # 8 no usage at all
-    {"ttft_s": 0.2, "gaps_s": [0.05]},                                                       # 9 slow first token
-    {"ttft_s": 0.05, "gaps_s": [0.05] * 200},                                                # 10 long
-    {"ttft_s": 1.0, "gaps_s": []},                                                           # 11 one token at 1 s
-    {"ttft_s": 0.0, "gaps_s": [0.01], "fault": "stall", "fault_at": 0},                      # 12 silent from the start
+    {"ttft_s": 0.05, "gaps_s": [0.01] * 4},  # 0 plain
+    {"ttft_s": 0.05, "gaps_s": [0.04, 0.02], "tokens": [1, 3, 2], "usage": "continuous"},  # 1 multi-token chunks
+    {"fault": "http500"},  # 2
+    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "stall", "fault_at": 2},  # 3
+    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "disconnect", "fault_at": 2},  # 4
+    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "malformed", "fault_at": 1},  # 5
+    {"ttft_s": 0.02, "gaps_s": [0.01] * 5, "fault": "no_finish"},  # 6
+    {"ttft_s": 0.02, "gaps_s": [0.01] * 3, "done": False},  # 7 transformers style
+    {"ttft_s": 0.02, "gaps_s": [0.01, 0.01], "tokens": [2, 1, 3], "usage": "none"},  # 8 no usage at all
+    {"ttft_s": 0.2, "gaps_s": [0.05]},  # 9 slow first token
+    {"ttft_s": 0.05, "gaps_s": [0.05] * 200},  # 10 long
+    {"ttft_s": 1.0, "gaps_s": []},  # 11 one token at 1 s
+    {"ttft_s": 0.0, "gaps_s": [0.01], "fault": "stall", "fault_at": 0},  # 12 silent from the start
 ]
 
 
@@ -132,8 +132,14 @@ def test_server_crash_mid_run_is_counted_and_ends_the_run(tmp_path: Path) -> Non
     killer.start()
     t = time.perf_counter()
     try:
-        out = run_benchmark(srv.base_url, "chat", [body(10) for _ in range(30)], np.linspace(0, 3, 30).tolist(),
-                            None, abort_check=srv.exited)
+        out = run_benchmark(
+            srv.base_url,
+            "chat",
+            [body(10) for _ in range(30)],
+            np.linspace(0, 3, 30).tolist(),
+            None,
+            abort_check=srv.exited,
+        )
     finally:
         killer.cancel()
         srv.stop()
@@ -155,8 +161,9 @@ def test_a_stalled_server_ends_the_run_after_one_wave_of_timeouts(server) -> Non
 def test_sse_parser_handles_comments_multiline_data_and_errors() -> None:
     r, s = RequestResult(0, 0.0), _Stream()
     _parse_event(b": keep-alive", 0.1, r, s)
-    _parse_event(b'data: {"choices": [{"delta": {"content": "a"}}],\ndata: "usage": {"completion_tokens": 1}}', 0.2,
-                 r, s)
+    _parse_event(
+        b'data: {"choices": [{"delta": {"content": "a"}}],\ndata: "usage": {"completion_tokens": 1}}', 0.2, r, s
+    )
     assert r.chunk_times_s == [0.2] and s.cum_usage == [1]
     _parse_event(b'data: {"choices": [{"delta": {"reasoning_content": "b"}, "finish_reason": "stop"}]}', 0.3, r, s)
     assert r.chunk_times_s == [0.2, 0.3] and r.finish_reason == "stop"
@@ -199,8 +206,16 @@ def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> 
         warm = [body(i) for i in range(64)]
         busy0, total0 = cpu_seconds()
         ours0 = time.process_time() + process_cpu_seconds(srv.proc.pid)
-        out = run_benchmark(srv.base_url, "chat", [body(i) for i in range(n)], schedule.tolist(), None,
-                            warmup=warm, tokenizer=WordTok(), send_time_header=True)
+        out = run_benchmark(
+            srv.base_url,
+            "chat",
+            [body(i) for i in range(n)],
+            schedule.tolist(),
+            None,
+            warmup=warm,
+            tokenizer=WordTok(),
+            send_time_header=True,
+        )
         busy1, total1 = cpu_seconds()
         ours1 = time.process_time() + process_cpu_seconds(srv.proc.pid)
     finally:
@@ -208,8 +223,10 @@ def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> 
     others = (busy1 - busy0 - (ours1 - ours0)) / (total1 - total0)  # share of all cores other processes used
     if others > 0.1:
         # one 10 ms preemption of the client delays every one of the ~280 open streams: 1 % of all samples
-        pytest.skip(f"other processes used {100 * others:.0f}% of the cores during the run; the 1 ms / 3 ms bounds "
-                    "need idle cores (projects/6b_serving/bench_client.py reports the same numbers under any load)")
+        pytest.skip(
+            f"other processes used {100 * others:.0f}% of the cores during the run; the 1 ms / 3 ms bounds "
+            "need idle cores (projects/6b_serving/bench_client.py reports the same numbers under any load)"
+        )
     assert out.completed == n and out.failed == 0 and out.not_sent == 0
     ttft_err, itl_err = [], []
     for r in out.results:
@@ -226,9 +243,11 @@ def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> 
     for _, d in events:
         level += d
         peak = max(peak, level)
-    report = (f"TTFT |err| p50 {np.percentile(ttft_err, 50):.3f} p99 {np.percentile(ttft_err, 99):.3f} ms; "
-              f"ITL |err| p50 {np.percentile(itl_err, 50):.3f} p99 {np.percentile(itl_err, 99):.3f} ms; "
-              f"offered {offered:.1f} vs {rate:.1f} req/s; peak in flight {peak}")
+    report = (
+        f"TTFT |err| p50 {np.percentile(ttft_err, 50):.3f} p99 {np.percentile(ttft_err, 99):.3f} ms; "
+        f"ITL |err| p50 {np.percentile(itl_err, 50):.3f} p99 {np.percentile(itl_err, 99):.3f} ms; "
+        f"offered {offered:.1f} vs {rate:.1f} req/s; peak in flight {peak}"
+    )
     print(report)
     assert peak >= 240, report
     assert abs(offered / rate - 1) < 0.01, report

@@ -10,20 +10,23 @@ from phase6.config.serve import LoadConfig, ServeConfig
 from phase6.launch import ConfigError, load_config
 
 
-@pytest.mark.parametrize("override,key", [
-    (["serve.engine=tgi"], "serve.engine"),
-    (["serve.host=0.0.0.0"], "serve.host"),
-    (["serve.tp=0"], "serve.tp"),
-    (["serve=endpoint", "serve.endpoint=null"], "serve.endpoint"),
-    (["load.arrival=poisson", "load.request_rate=null"], "load.request_rate"),
-    (["load.concurrency=64", "load.num_requests=100"], "load.num_requests"),
-    (["load.requests_per_slot=5"], "load.requests_per_slot"),
-    (["load.arrival=trace"], "load.arrival"),
-    (["load.dataset=csv"], "load.dataset"),
-    (["load=synthetic", "load.prompt_dist.kind=zipf"], "load.prompt_dist.kind"),
-    (["slo.ttft_ms=null", "slo.tpot_ms=null"], "slo"),
-    (["serve.max_model_len=1024"], "serve.max_model_len"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        (["serve.engine=tgi"], "serve.engine"),
+        (["serve.host=0.0.0.0"], "serve.host"),
+        (["serve.tp=0"], "serve.tp"),
+        (["serve=endpoint", "serve.endpoint=null"], "serve.endpoint"),
+        (["load.arrival=poisson", "load.request_rate=null"], "load.request_rate"),
+        (["load.concurrency=64", "load.num_requests=100"], "load.num_requests"),
+        (["load.requests_per_slot=5"], "load.requests_per_slot"),
+        (["load.arrival=trace"], "load.arrival"),
+        (["load.dataset=csv"], "load.dataset"),
+        (["load=synthetic", "load.prompt_dist.kind=zipf"], "load.prompt_dist.kind"),
+        (["slo.ttft_ms=null", "slo.tpot_ms=null"], "slo"),
+        (["serve.max_model_len=1024"], "serve.max_model_len"),
+    ],
+)
 def test_bad_values_fail_naming_the_key(override: list[str], key: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{key}\b"):
         load_config("serve_bench", override)

@@ -15,19 +15,58 @@ from phase6.serving import scripted_server, server, telemetry
 
 
 def test_command_lines_pass_engine_args_through() -> None:
-    cfg = ServeConfig(engine="vllm", model="m", tp=2, dtype="bfloat16", max_model_len=4096,
-                      launcher=["/opt/vllm-env/bin/vllm", "serve"],
-                      engine_args={"load-format": "dummy", "enforce-eager": True, "enable-chunked-prefill": False})
+    cfg = ServeConfig(
+        engine="vllm",
+        model="m",
+        tp=2,
+        dtype="bfloat16",
+        max_model_len=4096,
+        launcher=["/opt/vllm-env/bin/vllm", "serve"],
+        engine_args={"load-format": "dummy", "enforce-eager": True, "enable-chunked-prefill": False},
+    )
     cmd = server.build_command(cfg, "m", 8001)
-    assert cmd[1:] == ["serve", "m", "--host", "127.0.0.1", "--port", "8001", "--tensor-parallel-size", "2",
-                       "--dtype", "bfloat16", "--max-model-len", "4096", "--load-format", "dummy", "--enforce-eager"]
+    assert cmd[1:] == [
+        "serve",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8001",
+        "--tensor-parallel-size",
+        "2",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "4096",
+        "--load-format",
+        "dummy",
+        "--enforce-eager",
+    ]
     sg = server.build_command(ServeConfig(engine="sglang", tp=4, engine_args={"disable-radix-cache": True}), "m", 1)
     assert sg[1:3] == ["-m", "sglang.launch_server"] and sg[sg.index("--tp-size") + 1] == "4"
     assert "--enable-metrics" in sg and "--context-length" in sg and sg[-1] == "--disable-radix-cache"
-    tf = server.build_command(ServeConfig(engine="transformers", tp=1, max_model_len=None,
-                                          engine_args={"continuous-batching": True, "device": "cpu"}), "/d", 5)
-    assert tf[1:] == ["-m", "transformers.cli.transformers", "serve", "/d", "--host", "127.0.0.1", "--port", "5",
-                      "--dtype", "auto", "--continuous-batching", "--device", "cpu"]
+    tf = server.build_command(
+        ServeConfig(
+            engine="transformers", tp=1, max_model_len=None, engine_args={"continuous-batching": True, "device": "cpu"}
+        ),
+        "/d",
+        5,
+    )
+    assert tf[1:] == [
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        "/d",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "5",
+        "--dtype",
+        "auto",
+        "--continuous-batching",
+        "--device",
+        "cpu",
+    ]
     with pytest.raises(ValueError, match="serve.launcher: 'no-such-engine-binary' is not installed here"):
         server.build_command(ServeConfig(engine="vllm", launcher=["no-such-engine-binary", "serve"]), "m", 1)
     with pytest.raises(ValueError, match="serve.tp: transformers serve has no tensor parallelism"):
@@ -39,8 +78,12 @@ def fake(code: str) -> list[str]:
 
 
 def test_not_ready_times_out_with_the_log_tail_and_kills_the_group(tmp_path: Path) -> None:
-    cfg = ServeConfig(engine="vllm", launcher=fake("import time; print('loading shard 3/30', flush=True); "
-                                                   "time.sleep(120)"), ready_timeout_s=2.0, pin_server=False)
+    cfg = ServeConfig(
+        engine="vllm",
+        launcher=fake("import time; print('loading shard 3/30', flush=True); time.sleep(120)"),
+        ready_timeout_s=2.0,
+        pin_server=False,
+    )
     t = time.perf_counter()
     with pytest.raises(RuntimeError, match=r"(?s)not ready after 2 s.*loading shard 3/30"):
         server.acquire(cfg, "m", tmp_path / "server.log")
@@ -50,8 +93,12 @@ def test_not_ready_times_out_with_the_log_tail_and_kills_the_group(tmp_path: Pat
 
 
 def test_exit_during_startup_fails_at_once(tmp_path: Path) -> None:
-    cfg = ServeConfig(engine="sglang", launcher=fake("import sys; print('CUDA out of memory'); sys.exit(3)"),
-                      ready_timeout_s=60, pin_server=False)
+    cfg = ServeConfig(
+        engine="sglang",
+        launcher=fake("import sys; print('CUDA out of memory'); sys.exit(3)"),
+        ready_timeout_s=60,
+        pin_server=False,
+    )
     t = time.perf_counter()
     with pytest.raises(RuntimeError, match=r"(?s)exited with code 3 during startup.*CUDA out of memory"):
         server.acquire(cfg, "m", tmp_path / "server.log")
@@ -62,17 +109,27 @@ def test_sweep_cache_reuses_until_the_launch_spec_changes(tmp_path: Path) -> Non
     scripts = tmp_path / "scripts.json"
     scripts.write_text(json.dumps([{"ttft_s": 0.01, "gaps_s": [0.01]}]))
     # bash keeps a `sleep` child in the server's process group: stop() must take it down too
-    launcher = ["bash", "-c", 'sleep 300 & exec "$0" "$@"', sys.executable, "-m", "phase6.serving.scripted_server",
-                "--scripts", str(scripts)]
+    launcher = [
+        "bash",
+        "-c",
+        'sleep 300 & exec "$0" "$@"',
+        sys.executable,
+        "-m",
+        "phase6.serving.scripted_server",
+        "--scripts",
+        str(scripts),
+    ]
     tp2 = ServeConfig(engine="vllm", launcher=launcher, tp=2, ready_timeout_s=30)
     try:
         a, reused_a = server.acquire(tp2, "m", tmp_path / "a.log")
-        b, reused_b = server.acquire(ServeConfig(engine="vllm", launcher=launcher, tp=2, ready_timeout_s=30), "m",
-                                     tmp_path / "b.log")
+        b, reused_b = server.acquire(
+            ServeConfig(engine="vllm", launcher=launcher, tp=2, ready_timeout_s=30), "m", tmp_path / "b.log"
+        )
         assert (reused_a, reused_b) == (False, True) and a is b and a.model_id == "scripted"
         assert a.version == "scripted-1"  # from GET /version, as vLLM reports it
-        c, reused_c = server.acquire(ServeConfig(engine="vllm", launcher=launcher, tp=4, ready_timeout_s=30), "m",
-                                     tmp_path / "c.log")
+        c, reused_c = server.acquire(
+            ServeConfig(engine="vllm", launcher=launcher, tp=4, ready_timeout_s=30), "m", tmp_path / "c.log"
+        )
         assert not reused_c and c.proc.pid != a.proc.pid and a.exited() is not None
         with pytest.raises(ProcessLookupError):  # the old group (server + its sleep child) is gone
             os.killpg(a.proc.pid, 0)

@@ -41,8 +41,15 @@ def sharegpt_file(tmp_path: Path) -> Path:
     rows = []
     for i in range(60):
         p, a = int(rng.integers(5, 400)), int(rng.integers(5, 200))
-        rows.append({"id": f"c{i}", "conversations": [{"from": "human", "value": words(p, i)},
-                                                      {"from": "gpt", "value": words(a, 1000 + i)}]})
+        rows.append(
+            {
+                "id": f"c{i}",
+                "conversations": [
+                    {"from": "human", "value": words(p, i)},
+                    {"from": "gpt", "value": words(a, 1000 + i)},
+                ],
+            }
+        )
     rows.append({"id": "short", "conversations": [{"from": "human", "value": "only a prompt"}]})
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps(rows))
@@ -89,8 +96,15 @@ def test_sample_lengths_match_their_distributions() -> None:
 
 
 def test_synthetic_prompts_have_the_sampled_token_counts(tok) -> None:
-    load = LoadConfig(dataset="synthetic", path=None, concurrency=2, num_requests=20, warmup_requests=2,
-                      prompt_dist=LengthDist("uniform", 0, 0, 30, 300), output_dist=LengthDist("fixed", 16, 0, 1, 64))
+    load = LoadConfig(
+        dataset="synthetic",
+        path=None,
+        concurrency=2,
+        num_requests=20,
+        warmup_requests=2,
+        prompt_dist=LengthDist("uniform", 0, 0, 30, 300),
+        output_dist=LengthDist("fixed", 16, 0, 1, 64),
+    )
     wl = build_workload(load, tok, seed=0)
     rng = np.random.default_rng(0)
     want = sample_lengths(load.prompt_dist, 22, rng)
@@ -119,8 +133,10 @@ def test_mooncake_equal_hash_ids_give_equal_prefixes_and_time_scaling(tok, tmp_p
     path.write_text('{"timestamp": 0, "input_length": 5}\n')
     with pytest.raises(ValueError, match=r"trace.jsonl:1: missing field 'output_length'"):
         load_mooncake(path, tok, 0)
-    path.write_text('{"timestamp": 9, "input_length": 5, "output_length": 2, "hash_ids": [1]}\n'
-                    '{"timestamp": 3, "input_length": 5, "output_length": 2, "hash_ids": [2]}\n')
+    path.write_text(
+        '{"timestamp": 9, "input_length": 5, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 3, "input_length": 5, "output_length": 2, "hash_ids": [2]}\n'
+    )
     with pytest.raises(ValueError, match=r"trace.jsonl:2: timestamps not sorted"):
         load_mooncake(path, tok, 0)
     path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [1]}\n')
@@ -130,8 +146,10 @@ def test_mooncake_equal_hash_ids_give_equal_prefixes_and_time_scaling(tok, tmp_p
 
 def test_azure_trace_times_and_errors(tok, tmp_path: Path) -> None:
     path = tmp_path / "azure.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
-                    "2023-11-16 18:15:50.9951690,96,109\n2023-11-16 18:15:51.2224670,8000,55\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,96,109\n2023-11-16 18:15:51.2224670,8000,55\n"
+    )
     reqs, dropped = load_azure(path, tok, seed=0, time_scale=2.0, max_total_len=4096)
     assert dropped == 1 and [r.output_len for r in reqs] == [44, 109]
     assert reqs[1].trace_time_s == pytest.approx(2 * 4.314579, abs=1e-5)

@@ -81,56 +81,98 @@ def timing_error(streams: int, n: int, seed: int, workdir: Path) -> dict[str, An
         rate = streams / mean_s
         schedule = build_schedule("poisson", n, seed, request_rate=rate)
         c0, s0, load0 = time.process_time(), cpu_s(srv.proc.pid), os.getloadavg()[0]
-        out = run_benchmark(srv.base_url, "chat", [body(i) for i in range(n)], schedule.tolist(), None,
-                            warmup=[body(i) for i in range(min(n, 64))], tokenizer=WordTok(), send_time_header=True)
+        out = run_benchmark(
+            srv.base_url,
+            "chat",
+            [body(i) for i in range(n)],
+            schedule.tolist(),
+            None,
+            warmup=[body(i) for i in range(min(n, 64))],
+            tokenizer=WordTok(),
+            send_time_header=True,
+        )
         c1, s1 = time.process_time(), cpu_s(srv.proc.pid)
         late = np.array(httpx.get(srv.base_url + "/lateness", timeout=30).json()["late_s"]) * 1e3
     finally:
         srv.stop()
     ttft = [abs(r.ttft_s - scripts[r.index]["ttft_s"]) * 1e3 for r in out.results if r.ok]
-    itl = [abs(a - b) * 1e3 for r in out.results if r.ok
-           for a, b in zip(r.itl_samples_s(), scripted_server.expected_itl_s(scripts[r.index]), strict=True)]
+    itl = [
+        abs(a - b) * 1e3
+        for r in out.results
+        if r.ok
+        for a, b in zip(r.itl_samples_s(), scripted_server.expected_itl_s(scripts[r.index]), strict=True)
+    ]
     chunks = sum(len(r.chunk_times_s) for r in out.results)
     offered = offered_rate(out)
     return {
-        "streams_target": streams, "requests": n, "completed": out.completed, "failed": out.failed + out.not_sent,
-        "peak_in_flight": peak_in_flight(out), "target_rate_req_s": rate, "offered_rate_req_s": offered,
-        "offered_error_pct": 100 * (offered / rate - 1), "chunks_per_s": chunks / out.duration_s,
-        "ttft_err_p50_ms": float(np.percentile(ttft, 50)), "ttft_err_p99_ms": float(np.percentile(ttft, 99)),
-        "ttft_err_max_ms": max(ttft), "itl_err_p50_ms": float(np.percentile(itl, 50)),
-        "itl_err_p99_ms": float(np.percentile(itl, 99)), "itl_err_max_ms": max(itl),
-        "server_late_p50_ms": float(np.percentile(late, 50)), "server_late_p99_ms": float(np.percentile(late, 99)),
-        "client_cpu_per_s": (c1 - c0) / out.duration_s, "server_cpu_per_s": (s1 - s0) / out.duration_s,
-        "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+        "streams_target": streams,
+        "requests": n,
+        "completed": out.completed,
+        "failed": out.failed + out.not_sent,
+        "peak_in_flight": peak_in_flight(out),
+        "target_rate_req_s": rate,
+        "offered_rate_req_s": offered,
+        "offered_error_pct": 100 * (offered / rate - 1),
+        "chunks_per_s": chunks / out.duration_s,
+        "ttft_err_p50_ms": float(np.percentile(ttft, 50)),
+        "ttft_err_p99_ms": float(np.percentile(ttft, 99)),
+        "ttft_err_max_ms": max(ttft),
+        "itl_err_p50_ms": float(np.percentile(itl, 50)),
+        "itl_err_p99_ms": float(np.percentile(itl, 99)),
+        "itl_err_max_ms": max(itl),
+        "server_late_p50_ms": float(np.percentile(late, 50)),
+        "server_late_p99_ms": float(np.percentile(late, 99)),
+        "client_cpu_per_s": (c1 - c0) / out.duration_s,
+        "server_cpu_per_s": (s1 - s0) / out.duration_s,
+        "loadavg_before": load0,
+        "loadavg_after": os.getloadavg()[0],
     }
 
 
 def arrival_rates(rates: list[float], seconds: float, seed: int, workdir: Path) -> list[dict[str, Any]]:
-    srv = scripted_server.start([{"ttft_s": 0.005, "gaps_s": [0.005, 0.005], "tokens": [1, 1, 1],
-                                  "usage": "continuous"}], workdir / "rates")
+    srv = scripted_server.start(
+        [{"ttft_s": 0.005, "gaps_s": [0.005, 0.005], "tokens": [1, 1, 1], "usage": "continuous"}], workdir / "rates"
+    )
     rows = []
     try:
         for rate in rates:
             n = max(1000, int(rate * seconds))
             schedule = build_schedule("poisson", n, seed, request_rate=rate)
             c0, s0, load0 = time.process_time(), cpu_s(srv.proc.pid), os.getloadavg()[0]
-            out = run_benchmark(srv.base_url, "chat", [body(0)] * n, schedule.tolist(), None,
-                                warmup=[body(0)] * 64, read_timeout_s=10.0, request_timeout_s=30.0)
+            out = run_benchmark(
+                srv.base_url,
+                "chat",
+                [body(0)] * n,
+                schedule.tolist(),
+                None,
+                warmup=[body(0)] * 64,
+                read_timeout_s=10.0,
+                request_timeout_s=30.0,
+            )
             c1, s1 = time.process_time(), cpu_s(srv.proc.pid)
             lag = [r.dispatch_lag_s * 1e3 for r in out.results if r.dispatched]
             offered = offered_rate(out)
             row = {
-                "target_req_s": rate, "requests": n, "offered_req_s": offered,
+                "target_req_s": rate,
+                "requests": n,
+                "offered_req_s": offered,
                 "offered_error_pct": 100 * (offered / rate - 1),
-                "lag_p50_ms": float(np.percentile(lag, 50)), "lag_p99_ms": float(np.percentile(lag, 99)),
-                "lag_max_ms": max(lag), "completed": out.completed, "failed": out.failed + out.not_sent,
-                "peak_in_flight": peak_in_flight(out), "client_cpu_per_s": (c1 - c0) / out.duration_s,
-                "server_cpu_per_s": (s1 - s0) / out.duration_s, "loadavg_before": load0,
+                "lag_p50_ms": float(np.percentile(lag, 50)),
+                "lag_p99_ms": float(np.percentile(lag, 99)),
+                "lag_max_ms": max(lag),
+                "completed": out.completed,
+                "failed": out.failed + out.not_sent,
+                "peak_in_flight": peak_in_flight(out),
+                "client_cpu_per_s": (c1 - c0) / out.duration_s,
+                "server_cpu_per_s": (s1 - s0) / out.duration_s,
+                "loadavg_before": load0,
                 # CPU time per request (warmup included, a slight overestimate): what one whole core would carry
-                "client_cpu_us_per_req": 1e6 * (c1 - c0) / n, "one_core_ceiling_req_s": n / (c1 - c0),
+                "client_cpu_us_per_req": 1e6 * (c1 - c0) / n,
+                "one_core_ceiling_req_s": n / (c1 - c0),
             }
-            row["sustained"] = bool(abs(row["offered_error_pct"]) <= 1.0 and row["lag_p99_ms"] <= 2.0
-                                    and row["failed"] == 0)
+            row["sustained"] = bool(
+                abs(row["offered_error_pct"]) <= 1.0 and row["lag_p99_ms"] <= 2.0 and row["failed"] == 0
+            )
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
@@ -143,16 +185,27 @@ def table(rows: list[dict[str, Any]]) -> str:
     fmt = [f"{v:.3g}" if isinstance(v, float) else str(v) for r in rows for v in r.values()]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for i in range(len(rows)):
-        lines.append("| " + " | ".join(fmt[i * len(cols):(i + 1) * len(cols)]) + " |")
+        lines.append("| " + " | ".join(fmt[i * len(cols) : (i + 1) * len(cols)]) + " |")
     return "\n".join(lines)
 
 
 def machine() -> dict[str, Any]:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "aiohttp": metadata.version("aiohttp"), "loadavg": os.getloadavg()[0],
-            "date": time.strftime("%Y-%m-%d")}
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "aiohttp": metadata.version("aiohttp"),
+        "loadavg": os.getloadavg()[0],
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,8 +90,11 @@ def predict(cfg: ServeBenchRunConfig, wl: Workload, details: dict[str, Any], mod
             "decode_weights_ms": 1e3 * m.weights_read_bytes(batch) / m.bytes_per_s,
             "decode_kv_ms": 1e3 * m.kv_bytes_per_token * batch * context / m.bytes_per_s,
             "decode_allreduce_ms": 1e3 * m.allreduce_s(batch),
-            "weights_gib_per_gpu": mem.weights_bytes / 2**30, "max_concurrent_seqs": mem.max_concurrent_seqs,
-            "fits": mem.fits, "batch": batch, "context": context,
+            "weights_gib_per_gpu": mem.weights_bytes / 2**30,
+            "max_concurrent_seqs": mem.max_concurrent_seqs,
+            "fits": mem.fits,
+            "batch": batch,
+            "context": context,
         },
         "formulas": {
             "model": f"{spec.name} ({spec_name}), TP={cfg.serve.tp}, batch={batch}, context={context}",
@@ -132,50 +135,88 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
     except BaseException:
         servers.release(srv, cfg.serve)
         raise
-    rec.print(f"workload: {wl.info['num_requests']} requests ({cfg.load.dataset}, {cfg.load.arrival}), "
-              f"prompt mean {wl.info['prompt_len_mean']:.0f} / output mean {wl.info['output_len_mean']:.0f} tokens, "
-              f"{wl.info['num_warmup']} warmup")
+    rec.print(
+        f"workload: {wl.info['num_requests']} requests ({cfg.load.dataset}, {cfg.load.arrival}), "
+        f"prompt mean {wl.info['prompt_len_mean']:.0f} / output mean {wl.info['output_len_mean']:.0f} tokens, "
+        f"{wl.info['num_warmup']} warmup"
+    )
     srv.wait_ready(cfg.serve.ready_timeout_s)
-    rec.print(f"server: {cfg.serve.engine} {srv.version} at {srv.base_url} "
-              f"({'reused' if reused else f'ready in {srv.startup_s:.1f} s'}), model id {srv.model_id}")
+    rec.print(
+        f"server: {cfg.serve.engine} {srv.version} at {srv.base_url} "
+        f"({'reused' if reused else f'ready in {srv.startup_s:.1f} s'}), model id {srv.model_id}"
+    )
     name = cfg.serve.served_model_name or srv.model_id
-    body = dict(engine=cfg.serve.engine, api=cfg.load.api, model=name, fix_output_len=cfg.load.fix_output_len,
-                temperature=cfg.load.temperature, extra_body=cfg.load.extra_body)
-    sampler = telemetry.Sampler(rec.dir / "telemetry.jsonl", srv.base_url + "/metrics",
-                                cfg.telemetry.metrics_interval_s, cfg.telemetry.nvml_interval_s)
+    body = dict(
+        engine=cfg.serve.engine,
+        api=cfg.load.api,
+        model=name,
+        fix_output_len=cfg.load.fix_output_len,
+        temperature=cfg.load.temperature,
+        extra_body=cfg.load.extra_body,
+    )
+    sampler = telemetry.Sampler(
+        rec.dir / "telemetry.jsonl",
+        srv.base_url + "/metrics",
+        cfg.telemetry.metrics_interval_s,
+        cfg.telemetry.nvml_interval_s,
+    )
     starts: list[float] = []
     try:
         sampler.start()
         outcome = run_benchmark(
-            srv.base_url, cfg.load.api, [request_body(r, **body) for r in wl.requests], wl.schedule.tolist(),
-            cfg.load.concurrency, warmup=[request_body(r, **body) for r in wl.warmup],
-            connect_timeout_s=cfg.load.connect_timeout_s, read_timeout_s=cfg.load.read_timeout_s,
-            request_timeout_s=cfg.load.request_timeout_s, abort_check=srv.exited, tokenizer=tok,
-            requests=wl.requests, on_start=starts.append,
-            on_progress=lambda done, sent, n: rec.print(f"  {done}/{n} finished, {sent} sent"))
+            srv.base_url,
+            cfg.load.api,
+            [request_body(r, **body) for r in wl.requests],
+            wl.schedule.tolist(),
+            cfg.load.concurrency,
+            warmup=[request_body(r, **body) for r in wl.warmup],
+            connect_timeout_s=cfg.load.connect_timeout_s,
+            read_timeout_s=cfg.load.read_timeout_s,
+            request_timeout_s=cfg.load.request_timeout_s,
+            abort_check=srv.exited,
+            tokenizer=tok,
+            requests=wl.requests,
+            on_start=starts.append,
+            on_progress=lambda done, sent, n: rec.print(f"  {done}/{n} finished, {sent} sent"),
+        )
     finally:
         sampler.stop()
         servers.release(srv, cfg.serve)
 
-    row, details = summarize(outcome, engine=cfg.serve.engine, tp=cfg.serve.tp, concurrency=cfg.load.concurrency,
-                             request_rate=cfg.load.request_rate, num_gpus=cfg.serve.tp,
-                             usd_per_gpu_hour=cfg.hardware.usd_per_gpu_hour, slo=cfg.slo)
-    row.update({"model": f"random:{cfg.serve.random_model}" if cfg.serve.random_model else cfg.serve.model,
-                "load": cfg.load.name})
+    row, details = summarize(
+        outcome,
+        engine=cfg.serve.engine,
+        tp=cfg.serve.tp,
+        concurrency=cfg.load.concurrency,
+        request_rate=cfg.load.request_rate,
+        num_gpus=cfg.serve.tp,
+        usd_per_gpu_hour=cfg.hardware.usd_per_gpu_hour,
+        slo=cfg.slo,
+    )
+    row.update(
+        {
+            "model": f"random:{cfg.serve.random_model}" if cfg.serve.random_model else cfg.serve.model,
+            "load": cfg.load.name,
+        }
+    )
     t0 = starts[0] if starts else time.perf_counter()
-    tele = telemetry.summarize(sampler.out, t0 + outcome.first_dispatch_s,
-                               t0 + outcome.first_dispatch_s + outcome.duration_s)
+    tele = telemetry.summarize(
+        sampler.out, t0 + outcome.first_dispatch_s, t0 + outcome.first_dispatch_s + outcome.duration_s
+    )
     gpu = tele.get("gpu") or {}
-    details.update({
-        "server_crashed": srv.exited() is not None,
-        "server_running_mean": tele.get("server_running_mean"),
-        "server_waiting_max": tele.get("server_waiting_max"),
-        "server_kv_cache_usage_max": tele.get("server_kv_cache_usage_max"),
-        "server_queue_time_mean_ms": tele.get("server_queue_time_mean_ms"),
-        "gpu_util_mean_pct": (sum(g["util_mean_pct"] for g in gpu.values()) / len(gpu)) if gpu else None,
-        "gpu_mem_max_gib": max((g["mem_max_gib"] for g in gpu.values()), default=None),
-        "nvml": tele["nvml"], "server_metrics": tele["metrics"],
-    })
+    details.update(
+        {
+            "server_crashed": srv.exited() is not None,
+            "server_running_mean": tele.get("server_running_mean"),
+            "server_waiting_max": tele.get("server_waiting_max"),
+            "server_kv_cache_usage_max": tele.get("server_kv_cache_usage_max"),
+            "server_queue_time_mean_ms": tele.get("server_queue_time_mean_ms"),
+            "gpu_util_mean_pct": (sum(g["util_mean_pct"] for g in gpu.values()) / len(gpu)) if gpu else None,
+            "gpu_mem_max_gib": max((g["mem_max_gib"] for g in gpu.values()), default=None),
+            "nvml": tele["nvml"],
+            "server_metrics": tele["metrics"],
+        }
+    )
 
     with (rec.dir / "requests.jsonl").open("w") as f:
         for r in outcome.results:
@@ -194,13 +235,26 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
     measured = {k: row[k] for k in ("ttft_p50_ms", "tpot_p50_ms", "throughput_tok_s")}
     cost = run_cost(cfg.hardware, cfg.serve.tp, max(outcome.duration_s, 1e-9), details["output_tokens"])
     # as `phase6 cost`: input priced at the all-token rate, all GPU time charged to output tokens
-    comparison = api_comparison(usd_per_1m_tokens(cfg.serve.tp, row["total_tok_s"], cfg.hardware.usd_per_gpu_hour),
-                                row["usd_per_1m_output_tokens"], cfg.prices.api)
-    rec.log({M.SERVE_TTFT_MS_P50: row["ttft_p50_ms"], M.SERVE_TTFT_MS_P99: row["ttft_p99_ms"],
-             M.SERVE_ITL_MS_P50: row["itl_p50_ms"], M.SERVE_ITL_MS_P99: row["itl_p99_ms"],
-             M.SERVE_TPOT_MS_P50: row["tpot_p50_ms"], M.SERVE_TPOT_MS_P99: row["tpot_p99_ms"],
-             M.SERVE_THROUGHPUT_TOK_S: row["throughput_tok_s"], M.SERVE_GOODPUT_REQ_S: row["goodput_req_s"],
-             M.COST_GPU_HOURS: cost["gpu_hours"], M.COST_USD: cost["usd"]}, step=0)
+    comparison = api_comparison(
+        usd_per_1m_tokens(cfg.serve.tp, row["total_tok_s"], cfg.hardware.usd_per_gpu_hour),
+        row["usd_per_1m_output_tokens"],
+        cfg.prices.api,
+    )
+    rec.log(
+        {
+            M.SERVE_TTFT_MS_P50: row["ttft_p50_ms"],
+            M.SERVE_TTFT_MS_P99: row["ttft_p99_ms"],
+            M.SERVE_ITL_MS_P50: row["itl_p50_ms"],
+            M.SERVE_ITL_MS_P99: row["itl_p99_ms"],
+            M.SERVE_TPOT_MS_P50: row["tpot_p50_ms"],
+            M.SERVE_TPOT_MS_P99: row["tpot_p99_ms"],
+            M.SERVE_THROUGHPUT_TOK_S: row["throughput_tok_s"],
+            M.SERVE_GOODPUT_REQ_S: row["goodput_req_s"],
+            M.COST_GPU_HOURS: cost["gpu_hours"],
+            M.COST_USD: cost["usd"],
+        },
+        step=0,
+    )
     failures = [{"index": r.index, "error": r.error} for r in outcome.results if r.sent and not r.ok][:20]
     notes = {
         "Definitions": (
@@ -211,21 +265,38 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
             f"Goodput: completed requests meeting {cfg.slo.describe()} per second; failed requests are not good. "
             f"GPU-h per 1M output tokens = {cfg.serve.tp} GPUs x 1e6 / (3600 x output tok/s); "
             f"$ = that x ${cfg.hardware.usd_per_gpu_hour}/GPU-h ({cfg.hardware.source}, {cfg.hardware.date}). "
-            "API comparison: our $/1M output tokens charges all GPU time to output tokens."),
-        "Accounting": (f"planned {details['planned']} = completed {row['completed']} + failed {row['failed']} "
-                       f"(sent {details['sent']}, not sent {details['not_sent']}); errors: "
-                       f"{json.dumps(details['errors'])}"
-                       + (f"; run aborted: {outcome.abort_reason}" if outcome.abort_reason else "")),
+            "API comparison: our $/1M output tokens charges all GPU time to output tokens."
+        ),
+        "Accounting": (
+            f"planned {details['planned']} = completed {row['completed']} + failed {row['failed']} "
+            f"(sent {details['sent']}, not sent {details['not_sent']}); errors: "
+            f"{json.dumps(details['errors'])}"
+            + (f"; run aborted: {outcome.abort_reason}" if outcome.abort_reason else "")
+        ),
     }
     rec.finish(
-        [row], predicted=predicted, measured=measured if predicted else None, cost=cost,
-        extra={"details": details, "server": {**srv.info(), "reused": reused}, "workload": wl.info,
-               "telemetry": tele,
-               "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms, "e2e_ms": cfg.slo.e2e_ms},
-               "warmup_failed": outcome.warmup_failed, "client": {"pid": os.getpid()}},
-        tables={"Details": [{"quantity": k, "value": v if not isinstance(v, dict) else json.dumps(v)}
-                            for k, v in details.items()],
-                "API price comparison": comparison, "First failures": failures}, notes=notes)
+        [row],
+        predicted=predicted,
+        measured=measured if predicted else None,
+        cost=cost,
+        extra={
+            "details": details,
+            "server": {**srv.info(), "reused": reused},
+            "workload": wl.info,
+            "telemetry": tele,
+            "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms, "e2e_ms": cfg.slo.e2e_ms},
+            "warmup_failed": outcome.warmup_failed,
+            "client": {"pid": os.getpid()},
+        },
+        tables={
+            "Details": [
+                {"quantity": k, "value": v if not isinstance(v, dict) else json.dumps(v)} for k, v in details.items()
+            ],
+            "API price comparison": comparison,
+            "First failures": failures,
+        },
+        notes=notes,
+    )
     sweep_plot(rec)
     if row["completed"] == 0:  # recorded, not raised: the other members of a sweep still run
         print(f"serve-bench: WARNING no request completed ({json.dumps(details['errors'])})", flush=True)

@@ -16,17 +16,36 @@ from typing import Any
 from phase6.runrecord import markdown_table, read_results
 
 TEMPLATE = Path(__file__).with_name("WRITEUP.md")
-TABLE_COLS = ("engine", "model", "tp", "concurrency", "request_rate", "throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms",
-              "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "goodput_req_s",
-              "gpu_hours_per_1m_output_tokens", "usd_per_1m_output_tokens", "completed", "failed")
+TABLE_COLS = (
+    "engine",
+    "model",
+    "tp",
+    "concurrency",
+    "request_rate",
+    "throughput_tok_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "goodput_req_s",
+    "gpu_hours_per_1m_output_tokens",
+    "usd_per_1m_output_tokens",
+    "completed",
+    "failed",
+)
 
 
 def find_runs(paths: list[str]) -> list[tuple[Path, dict[str, Any]]]:
     """serve-bench results under each path (a run dir, or a sweep dir whose numbered members are runs)."""
     runs = []
     for p in map(Path, paths):
-        dirs = [p] if (p / "results.json").is_file() else sorted(
-            (d for d in p.iterdir() if (d / "results.json").is_file()), key=lambda d: (len(d.name), d.name))
+        dirs = (
+            [p]
+            if (p / "results.json").is_file()
+            else sorted((d for d in p.iterdir() if (d / "results.json").is_file()), key=lambda d: (len(d.name), d.name))
+        )
         for d in dirs:
             res = read_results(d)
             if res.get("job") == "serve_bench":
@@ -56,14 +75,24 @@ def tp_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             thr = r["throughput_tok_s"] / base["throughput_tok_s"] if base["throughput_tok_s"] else None
             gpus = r["tp"] / base["tp"]
 
-            out.append({"engine": key[0], "model": key[1], "load": key[2], "concurrency": key[3],
-                        "request_rate": key[4], "tp": f"{base['tp']} -> {r['tp']}", "gpu_ratio": gpus,
-                        "throughput_ratio": thr, "efficiency": thr / gpus if thr is not None else None,
-                        "tok_s_per_gpu": f"{base['throughput_tok_s'] / base['tp']:.4g} -> "
-                                         f"{r['throughput_tok_s'] / r['tp']:.4g}",
-                        "tpot_p50_ratio": _ratio(r, base, "tpot_p50_ms"),
-                        "ttft_p50_ratio": _ratio(r, base, "ttft_p50_ms"),
-                        "usd_per_1m_ratio": _ratio(r, base, "usd_per_1m_output_tokens")})
+            out.append(
+                {
+                    "engine": key[0],
+                    "model": key[1],
+                    "load": key[2],
+                    "concurrency": key[3],
+                    "request_rate": key[4],
+                    "tp": f"{base['tp']} -> {r['tp']}",
+                    "gpu_ratio": gpus,
+                    "throughput_ratio": thr,
+                    "efficiency": thr / gpus if thr is not None else None,
+                    "tok_s_per_gpu": f"{base['throughput_tok_s'] / base['tp']:.4g} -> "
+                    f"{r['throughput_tok_s'] / r['tp']:.4g}",
+                    "tpot_p50_ratio": _ratio(r, base, "tpot_p50_ms"),
+                    "ttft_p50_ratio": _ratio(r, base, "ttft_p50_ms"),
+                    "usd_per_1m_ratio": _ratio(r, base, "usd_per_1m_output_tokens"),
+                }
+            )
     return out
 
 
@@ -75,14 +104,27 @@ def predicted_rows(runs: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, An
             continue
         b = pred.get("breakdown", {})
         step = sum(b.get(k, 0.0) for k in ("decode_weights_ms", "decode_kv_ms")) or None
-        out.append({"run": d.name, "engine": row["engine"], "tp": row["tp"], "concurrency": row["concurrency"],
-                    "tpot_pred_ms": pred.get("tpot_p50_ms"), "tpot_meas_ms": row["tpot_p50_ms"],
-                    "ttft_pred_ms": pred.get("ttft_p50_ms"), "ttft_meas_ms": row["ttft_p50_ms"],
-                    "tok_s_pred": pred.get("throughput_tok_s"), "tok_s_meas": row["throughput_tok_s"],
-                    "hbm_ms": step, "allreduce_ms": b.get("decode_allreduce_ms"),
-                    "allreduce_share": (b["decode_allreduce_ms"] / pred["tpot_p50_ms"])
-                    if b.get("decode_allreduce_ms") is not None and pred.get("tpot_p50_ms") else None,
-                    "max_seqs_in_kv": b.get("max_concurrent_seqs"), "fits": b.get("fits")})
+        out.append(
+            {
+                "run": d.name,
+                "engine": row["engine"],
+                "tp": row["tp"],
+                "concurrency": row["concurrency"],
+                "tpot_pred_ms": pred.get("tpot_p50_ms"),
+                "tpot_meas_ms": row["tpot_p50_ms"],
+                "ttft_pred_ms": pred.get("ttft_p50_ms"),
+                "ttft_meas_ms": row["ttft_p50_ms"],
+                "tok_s_pred": pred.get("throughput_tok_s"),
+                "tok_s_meas": row["throughput_tok_s"],
+                "hbm_ms": step,
+                "allreduce_ms": b.get("decode_allreduce_ms"),
+                "allreduce_share": (b["decode_allreduce_ms"] / pred["tpot_p50_ms"])
+                if b.get("decode_allreduce_ms") is not None and pred.get("tpot_p50_ms")
+                else None,
+                "max_seqs_in_kv": b.get("max_concurrent_seqs"),
+                "fits": b.get("fits"),
+            }
+        )
     return out
 
 
@@ -91,10 +133,18 @@ def cost_rows(runs: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
     for d, res in runs:
         row = res["rows"][0]
         for api in (res.get("tables") or {}).get("API price comparison", []):
-            out.append({"run": d.name, "engine": row["engine"], "tp": row["tp"], "concurrency": row["concurrency"],
-                        "self_usd_per_1m_out": row["usd_per_1m_output_tokens"], "api": f"{api['provider']} "
-                        f"{api['model']}", "api_usd_per_1m_out": api["api_usd_per_1m_output"],
-                        "api_over_self": api["output_api_over_self"]})
+            out.append(
+                {
+                    "run": d.name,
+                    "engine": row["engine"],
+                    "tp": row["tp"],
+                    "concurrency": row["concurrency"],
+                    "self_usd_per_1m_out": row["usd_per_1m_output_tokens"],
+                    "api": f"{api['provider']} {api['model']}",
+                    "api_usd_per_1m_out": api["api_usd_per_1m_output"],
+                    "api_over_self": api["output_api_over_self"],
+                }
+            )
     return out
 
 
@@ -103,8 +153,9 @@ def caveats(runs: list[tuple[Path, dict[str, Any]]]) -> str:
     for d, res in runs:
         row, det = res["rows"][0], res.get("details", {})
         if row["failed"]:
-            notes.append(f"- {d.name}: {row['failed']} failed requests ({det.get('errors')}); "
-                         f"abort: {det.get('abort_reason')}")
+            notes.append(
+                f"- {d.name}: {row['failed']} failed requests ({det.get('errors')}); abort: {det.get('abort_reason')}"
+            )
         if det.get("tokens_from_usage_pct") not in (None, 100.0):
             notes.append(f"- {d.name}: only {det['tokens_from_usage_pct']:.0f}% of output counts from server usage")
         tel = res.get("telemetry", {})
@@ -118,16 +169,22 @@ def render(runs: list[tuple[Path, dict[str, Any]]]) -> str:
     rows = [res["rows"][0] for _, res in runs]
     first = runs[0][1]
     srv, wl = first.get("server", {}), first.get("workload", {})
-    engines = sorted({f"{r['engine']} {res.get('server', {}).get('version', '')}".strip() for r, (_, res)
-                      in zip(rows, runs, strict=True)})
-    setup = "\n".join([
-        f"- runs: {len(runs)} ({', '.join(str(d) for d, _ in runs[:4])}{', ...' if len(runs) > 4 else ''})",
-        f"- engines: {', '.join(engines)}; model(s): {', '.join(sorted({str(r.get('model')) for r in rows}))}",
-        f"- workload: {wl.get('dataset')} ({wl.get('arrival')}), {wl.get('num_requests')} requests, prompt mean "
-        f"{wl.get('prompt_len_mean', 0):.0f} / output mean {wl.get('output_len_mean', 0):.0f} tokens, "
-        f"seed {wl.get('seed')}, request list sha256 {str(wl.get('request_list_sha256'))[:12]}",
-        f"- first server command: `{' '.join(srv.get('command') or ['(external endpoint)'])}`",
-    ])
+    engines = sorted(
+        {
+            f"{r['engine']} {res.get('server', {}).get('version', '')}".strip()
+            for r, (_, res) in zip(rows, runs, strict=True)
+        }
+    )
+    setup = "\n".join(
+        [
+            f"- runs: {len(runs)} ({', '.join(str(d) for d, _ in runs[:4])}{', ...' if len(runs) > 4 else ''})",
+            f"- engines: {', '.join(engines)}; model(s): {', '.join(sorted({str(r.get('model')) for r in rows}))}",
+            f"- workload: {wl.get('dataset')} ({wl.get('arrival')}), {wl.get('num_requests')} requests, prompt mean "
+            f"{wl.get('prompt_len_mean', 0):.0f} / output mean {wl.get('output_len_mean', 0):.0f} tokens, "
+            f"seed {wl.get('seed')}, request list sha256 {str(wl.get('request_list_sha256'))[:12]}",
+            f"- first server command: `{' '.join(srv.get('command') or ['(external endpoint)'])}`",
+        ]
+    )
     slo = first.get("slo", {})
     fill = {
         "title": ", ".join(sorted({str(r.get("model")) for r in rows})),

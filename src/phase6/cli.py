@@ -1,8 +1,8 @@
 """The `phase6` command: one subcommand per job; trailing arguments are Hydra overrides.
 
-    phase6 pretrain model=gpt2_124m optim.lr=3e-4        # one run
-    phase6 dpo -m dpo.beta=0.01,0.05,0.1,0.3              # a sweep (Hydra's sweeper/launcher), + summary table
-    phase6 config pretrain experiment=smoke               # print the resolved, validated config
+phase6 pretrain model=gpt2_124m optim.lr=3e-4        # one run
+phase6 dpo -m dpo.beta=0.01,0.05,0.1,0.3              # a sweep (Hydra's sweeper/launcher), + summary table
+phase6 config pretrain experiment=smoke               # print the resolved, validated config
 """
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ import typer
 
 from phase6.launch import EXIT_CONFIG_ERROR, ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="phase6: pretraining, serving, DPO and GRPO pipelines with predicted-vs-measured reports.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="phase6: pretraining, serving, DPO and GRPO pipelines with predicted-vs-measured reports.",
+)
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
 MULTIRUN = typer.Option(False, "-m", "--multirun", help="Run a Hydra sweep over comma-separated override values.")
 
@@ -54,8 +58,13 @@ def grpo(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
 
 
 @app.command("prepare-data", context_settings=OVERRIDES)
-def prepare_data(ctx: typer.Context, multirun: bool = MULTIRUN, check_tokenizer: bool = typer.Option(
-        False, "--check-tokenizer", help="Round-trip an English page byte for byte; report bytes/token.")) -> None:
+def prepare_data(
+    ctx: typer.Context,
+    multirun: bool = MULTIRUN,
+    check_tokenizer: bool = typer.Option(
+        False, "--check-tokenizer", help="Round-trip an English page byte for byte; report bytes/token."
+    ),
+) -> None:
     """6A data: tokenize data=<preset> into llm.c shards (shard 0 = val) + manifest.json; rerun resumes a kill."""
     run("prepare_data", ctx.args + (["check_tokenizer=true"] if check_tokenizer else []), multirun)
 
@@ -73,9 +82,12 @@ def eval_cmd(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
 
 
 @app.command(context_settings=OVERRIDES)
-def plan(ctx: typer.Context, multirun: bool = MULTIRUN,
-         json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the scripting interface)."),
-         explain: bool = typer.Option(False, "--explain", help="Print the derivation with every number.")) -> None:
+def plan(
+    ctx: typer.Context,
+    multirun: bool = MULTIRUN,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the scripting interface)."),
+    explain: bool = typer.Option(False, "--explain", help="Print the derivation with every number."),
+) -> None:
     """Predict memory, comm, step time or serving latency; rank layouts. `phase6 plan calibrate -h` to measure."""
     if ctx.args[:1] == ["calibrate"]:
         from phase6.plan.calibrate import cli_main
@@ -96,10 +108,12 @@ def fleet(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
 
 
 @app.command("serve-bench", context_settings=OVERRIDES)
-def serve_bench(ctx: typer.Context, multirun: bool = MULTIRUN,
-                tp: int = typer.Option(None, "--tp", help="Tensor parallelism (same as serve.tp=N)."),
-                endpoint: str = typer.Option(None, "--endpoint", help="Benchmark this running server (serve.endpoint=URL).")
-                ) -> None:
+def serve_bench(
+    ctx: typer.Context,
+    multirun: bool = MULTIRUN,
+    tp: int = typer.Option(None, "--tp", help="Tensor parallelism (same as serve.tp=N)."),
+    endpoint: str = typer.Option(None, "--endpoint", help="Benchmark this running server (serve.endpoint=URL)."),
+) -> None:
     """6B: launch vLLM/SGLang/transformers serve at TP=N, drive a seeded load, write one scaling-table row."""
     extra = ([f"serve.tp={tp}"] if tp is not None else []) + ([f"serve.endpoint={endpoint}"] if endpoint else [])
     run("serve_bench", ctx.args + extra, multirun)
@@ -146,8 +160,10 @@ def config_cmd(ctx: typer.Context, job: str = typer.Argument(..., help="job name
 
 
 @app.command()
-def report(run_dirs: list[str] = typer.Argument(..., help="run directories"),
-           out: str = typer.Option(None, "--out", help="where the merged table goes (default: <common>/report)")) -> None:
+def report(
+    run_dirs: list[str] = typer.Argument(..., help="run directories"),
+    out: str = typer.Option(None, "--out", help="where the merged table goes (default: <common>/report)"),
+) -> None:
     """Rebuild results.md and plots of RUN_DIRS; with several, merge their rows into one comparison table."""
     from phase6.report import main as report_main
 

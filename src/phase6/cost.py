@@ -57,20 +57,26 @@ def run_cost(hardware: HardwareConfig, num_gpus: int, seconds: float, tokens: fl
     return out
 
 
-def api_comparison(self_usd_per_1m_in: float, self_usd_per_1m_out: float, prices: list[ApiPrice]) -> list[dict[str, Any]]:
+def api_comparison(
+    self_usd_per_1m_in: float, self_usd_per_1m_out: float, prices: list[ApiPrice]
+) -> list[dict[str, Any]]:
     """One row per API price: its $/1M input and output next to ours and the ratio (API / self-hosted)."""
     rows = []
     for p in prices:
-        rows.append({
-            "provider": p.provider,
-            "model": p.model,
-            "api_usd_per_1m_input": p.usd_per_1m_input,
-            "api_usd_per_1m_output": p.usd_per_1m_output,
-            "self_usd_per_1m_input": self_usd_per_1m_in,
-            "self_usd_per_1m_output": self_usd_per_1m_out,
-            "output_api_over_self": (p.usd_per_1m_output / self_usd_per_1m_out) if self_usd_per_1m_out > 0 else None,
-            "source": f"{p.source} ({p.date})",
-        })
+        rows.append(
+            {
+                "provider": p.provider,
+                "model": p.model,
+                "api_usd_per_1m_input": p.usd_per_1m_input,
+                "api_usd_per_1m_output": p.usd_per_1m_output,
+                "self_usd_per_1m_input": self_usd_per_1m_in,
+                "self_usd_per_1m_output": self_usd_per_1m_out,
+                "output_api_over_self": (p.usd_per_1m_output / self_usd_per_1m_out)
+                if self_usd_per_1m_out > 0
+                else None,
+                "source": f"{p.source} ({p.date})",
+            }
+        )
     return rows
 
 
@@ -84,14 +90,30 @@ def main(cfg: CostRunConfig) -> dict[str, Any]:
     block = run_cost(cfg.hardware, cfg.gpus, seconds, total_tokens)
     # Split the bill by token type the way API prices are quoted: all GPU time charged to output tokens
     # (decode dominates serving cost), input priced at the all-token rate. Both stated in the table.
-    self_in = usd_per_1m_tokens(cfg.gpus, total_tokens / seconds, cfg.hardware.usd_per_gpu_hour) if total_tokens else 0.0
-    self_out = usd_per_1m_tokens(cfg.gpus, cfg.output_tokens / seconds, cfg.hardware.usd_per_gpu_hour) if cfg.output_tokens else 0.0
-    rows = [{
-        "hardware": cfg.hardware.name, "gpus": cfg.gpus, "hours": cfg.hours, "gpu_hours": block["gpu_hours"],
-        "usd": block["usd"], "usd_per_1m_tokens_all": self_in, "usd_per_1m_output_tokens": self_out,
-    }]
+    self_in = (
+        usd_per_1m_tokens(cfg.gpus, total_tokens / seconds, cfg.hardware.usd_per_gpu_hour) if total_tokens else 0.0
+    )
+    self_out = (
+        usd_per_1m_tokens(cfg.gpus, cfg.output_tokens / seconds, cfg.hardware.usd_per_gpu_hour)
+        if cfg.output_tokens
+        else 0.0
+    )
+    rows = [
+        {
+            "hardware": cfg.hardware.name,
+            "gpus": cfg.gpus,
+            "hours": cfg.hours,
+            "gpu_hours": block["gpu_hours"],
+            "usd": block["usd"],
+            "usd_per_1m_tokens_all": self_in,
+            "usd_per_1m_output_tokens": self_out,
+        }
+    ]
     comparison = api_comparison(self_in, self_out, cfg.prices.api) if total_tokens else []
-    rec.finish(rows, cost=block, extra={"api_comparison": comparison,
-                                        "hardware": asdict(cfg.hardware)},
-               tables={"API price comparison": comparison})
+    rec.finish(
+        rows,
+        cost=block,
+        extra={"api_comparison": comparison, "hardware": asdict(cfg.hardware)},
+        tables={"API price comparison": comparison},
+    )
     return block

@@ -103,8 +103,9 @@ def _stamp() -> str:
     if "LOCAL_RANK" in os.environ:
         try:
             ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
-            btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                         if line.startswith("btime"))
+            btime = next(
+                int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+            )
             t = btime + ticks / os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError, StopIteration):
             pass

@@ -22,17 +22,24 @@ def plot_metrics(run_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     rows = [r for r in read_metrics(run_dir) if r.get("step") is not None]
-    keys = sorted({k for r in rows for k, v in r.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time_s")})
+    keys = sorted(
+        {
+            k
+            for r in rows
+            for k, v in r.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time_s")
+        }
+    )
     if not keys:
         return []
     out = run_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
     n = len(keys)
     cols = min(3, n)
-    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4.5 * cols, 3.2 * ((n + cols - 1) // cols)),
-                             squeeze=False)
-    for ax, k in zip(axes.flat, keys):
+    fig, axes = plt.subplots(
+        (n + cols - 1) // cols, cols, figsize=(4.5 * cols, 3.2 * ((n + cols - 1) // cols)), squeeze=False
+    )
+    for ax, k in zip(axes.flat, keys, strict=False):  # more axes than keys: the extras are blanked below
         pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 50 else None)
         ax.set_title(k, fontsize=9)

@@ -29,10 +29,40 @@ import yaml
 
 from phase6.redact import redact, redact_text
 
-PACKAGES = ("phase6", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "tiktoken", "wandb",
-            "hydra-core", "omegaconf", "lm-eval", "vllm", "sglang", "verl", "numpy", "triton", "simpy")
-ENV_PREFIXES = ("CUDA", "NCCL", "TORCH", "HF_", "WANDB", "OMP_", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-                "MASTER_", "TIKTOKEN", "PYTORCH")
+PACKAGES = (
+    "phase6",
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "datasets",
+    "accelerate",
+    "tiktoken",
+    "wandb",
+    "hydra-core",
+    "omegaconf",
+    "lm-eval",
+    "vllm",
+    "sglang",
+    "verl",
+    "numpy",
+    "triton",
+    "simpy",
+)
+ENV_PREFIXES = (
+    "CUDA",
+    "NCCL",
+    "TORCH",
+    "HF_",
+    "WANDB",
+    "OMP_",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "MASTER_",
+    "TIKTOKEN",
+    "PYTORCH",
+)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -70,7 +100,9 @@ def dumps(obj: Any) -> str:
 
 def git_info(repo: Path) -> dict[str, Any]:
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
 
     try:
         sha = git("rev-parse", "HEAD")
@@ -92,8 +124,13 @@ def gpu_info() -> list[dict[str, Any]]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
-            gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                         "memory_gib": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30})
+            gpus.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_gib": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30,
+                }
+            )
         return gpus
     finally:
         pynvml.nvmlShutdown()
@@ -232,9 +269,16 @@ class RunRecord:
         # The process-wide settings must carry the mode too: with only init(mode="offline"), W&B's telemetry proxy
         # still POSTs to its server once (caught by tests/test_foundation_records.py through a loopback proxy).
         wandb.setup(settings=wandb.Settings(mode=mode))
-        self._wandb = wandb.init(project=logger.project, entity=logger.entity, name=f"{self.job}/{self.dir.name}",
-                                 dir=str(self.dir), mode=mode, config=self.config_dict, job_type=self.job,
-                                 settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+        self._wandb = wandb.init(
+            project=logger.project,
+            entity=logger.entity,
+            name=f"{self.job}/{self.dir.name}",
+            dir=str(self.dir),
+            mode=mode,
+            config=self.config_dict,
+            job_type=self.job,
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+        )
 
     def print(self, *args: Any) -> None:
         if self.is_main:
@@ -253,15 +297,26 @@ class RunRecord:
             parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
             self._console.print(f"[dim]{self.job}[/] step {step}: " + " | ".join(parts), highlight=False)
 
-    def finish(self, rows: list[dict[str, Any]], predicted: dict[str, Any] | None = None,
-               measured: dict[str, Any] | None = None, cost: dict[str, Any] | None = None,
-               extra: dict[str, Any] | None = None, tables: dict[str, list[dict[str, Any]]] | None = None,
-               notes: dict[str, str] | None = None) -> Path:
+    def finish(
+        self,
+        rows: list[dict[str, Any]],
+        predicted: dict[str, Any] | None = None,
+        measured: dict[str, Any] | None = None,
+        cost: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+        tables: dict[str, list[dict[str, Any]]] | None = None,
+        notes: dict[str, str] | None = None,
+    ) -> Path:
         """Write results.json / results.md, close W&B, print the run dir (last line)."""
         if self.is_main:
             results: dict[str, Any] = {"job": self.job, "rows": rows}
-            for k, v in (("predicted", predicted), ("measured", measured), ("cost", cost), ("tables", tables),
-                         ("notes", notes)):
+            for k, v in (
+                ("predicted", predicted),
+                ("measured", measured),
+                ("cost", cost),
+                ("tables", tables),
+                ("notes", notes),
+            ):
                 if v:
                     results[k] = v
             results.update(extra or {})
@@ -298,10 +353,24 @@ class RunRecord:
 
 def progress(transient: bool = False) -> Any:
     """A rich progress bar (description, bar, count, rate, ETA) for long loops; use as a context manager."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(), transient=transient)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        transient=transient,
+    )
 
 
 def read_results(run_dir: str | Path) -> dict[str, Any]:

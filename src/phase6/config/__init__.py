@@ -39,7 +39,11 @@ class RunConfig:
     """Global seed (torch, numpy, python) for everything the run samples."""
 
     def __post_init__(self) -> None:
-        require(bool(self.name) and "/" not in self.name, "run.name", f"must be a non-empty name without '/', got {self.name!r}")
+        require(
+            bool(self.name) and "/" not in self.name,
+            "run.name",
+            f"must be a non-empty name without '/', got {self.name!r}",
+        )
         require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
 
 
@@ -61,8 +65,11 @@ class LoggerConfig:
     """Console print interval in steps (files and W&B get every logged step)."""
 
     def __post_init__(self) -> None:
-        require(self.mode in (None, "online", "offline", "disabled"), "logger.mode",
-                f"must be one of online, offline, disabled or null, got {self.mode!r}")
+        require(
+            self.mode in (None, "online", "offline", "disabled"),
+            "logger.mode",
+            f"must be one of online, offline, disabled or null, got {self.mode!r}",
+        )
         require(self.log_every >= 1, "logger.log_every", f"must be >= 1, got {self.log_every}")
 
 
@@ -159,15 +166,36 @@ class JobSpec:
 # The registry: job name (= primary YAML name = CLI subcommand with '_' -> '-') -> spec.
 JOBS: dict[str, JobSpec] = {
     "cost": JobSpec("phase6.config:CostRunConfig", "phase6.cost:main", "GPU-hours and $ per 1M tokens vs API prices"),
-    "prepare_data": JobSpec("phase6.config.data:PrepareDataRunConfig", "projects/6a_pretrain/prepare.py:main",
-                            "6A: tokenize a corpus into llm.c shards (shard 0 = val) + manifest.json; resumable"),
-    "pretrain": JobSpec("phase6.config.pretrain:PretrainRunConfig", "projects/6a_pretrain/train.py:main", "6A: GPT-2 pretraining, predicted vs measured"),
-    "eval": JobSpec("phase6.config.pretrain:EvalRunConfig", "projects/6a_pretrain/eval.py:main", "6A: lm-eval + val loss of an HF model"),
-    "dpo": JobSpec("phase6.config.dpo:DPORunConfig", "projects/6c_dpo/dpo.py:main", "LoRA-DPO/IPO/ORPO + battery + verdict"),
-    "grpo": JobSpec("phase6.config.grpo:GrpoRunConfig", "projects/6d_grpo/grpo.py:main", "6D: GRPO on GSM8K, instrumented rollouts"),
-    "plan": JobSpec("phase6.config.plan:PlanRunConfig", "phase6.plan.job:main", "predict memory/comm/time, rank layouts"),
-    "fleet": JobSpec("phase6.config.fleet:FleetRunConfig", "phase6.fleet.run:main", "fleet simulation: goodput, routing, PD"),
-    "serve_bench": JobSpec("phase6.config.serve:ServeBenchRunConfig", "projects/6b_serving/serve_bench.py:main", "6B serving table row"),
+    "prepare_data": JobSpec(
+        "phase6.config.data:PrepareDataRunConfig",
+        "projects/6a_pretrain/prepare.py:main",
+        "6A: tokenize a corpus into llm.c shards (shard 0 = val) + manifest.json; resumable",
+    ),
+    "pretrain": JobSpec(
+        "phase6.config.pretrain:PretrainRunConfig",
+        "projects/6a_pretrain/train.py:main",
+        "6A: GPT-2 pretraining, predicted vs measured",
+    ),
+    "eval": JobSpec(
+        "phase6.config.pretrain:EvalRunConfig",
+        "projects/6a_pretrain/eval.py:main",
+        "6A: lm-eval + val loss of an HF model",
+    ),
+    "dpo": JobSpec(
+        "phase6.config.dpo:DPORunConfig", "projects/6c_dpo/dpo.py:main", "LoRA-DPO/IPO/ORPO + battery + verdict"
+    ),
+    "grpo": JobSpec(
+        "phase6.config.grpo:GrpoRunConfig", "projects/6d_grpo/grpo.py:main", "6D: GRPO on GSM8K, instrumented rollouts"
+    ),
+    "plan": JobSpec(
+        "phase6.config.plan:PlanRunConfig", "phase6.plan.job:main", "predict memory/comm/time, rank layouts"
+    ),
+    "fleet": JobSpec(
+        "phase6.config.fleet:FleetRunConfig", "phase6.fleet.run:main", "fleet simulation: goodput, routing, PD"
+    ),
+    "serve_bench": JobSpec(
+        "phase6.config.serve:ServeBenchRunConfig", "projects/6b_serving/serve_bench.py:main", "6B serving table row"
+    ),
 }
 
 

@@ -67,20 +67,34 @@ class FleetWorkloadConfig:
     """Synthetic: mean (exponential) gap between a session's turns, seconds."""
 
     def __post_init__(self) -> None:
-        require(self.kind in WORKLOAD_KINDS, "workload.kind", f"must be one of {', '.join(WORKLOAD_KINDS)}, got {self.kind!r}")
+        require(
+            self.kind in WORKLOAD_KINDS,
+            "workload.kind",
+            f"must be one of {', '.join(WORKLOAD_KINDS)}, got {self.kind!r}",
+        )
         require(self.kind == "synthetic" or bool(self.path), "workload.path", f"a {self.kind} trace needs a file path")
         require(self.limit is None or self.limit >= 1, "workload.limit", f"must be >= 1 or null, got {self.limit}")
         require(self.repeat >= 1, "workload.repeat", f"must be >= 1, got {self.repeat}")
-        require(self.max_tokens is None or self.max_tokens >= 2, "workload.max_tokens", f"must be >= 2, got {self.max_tokens}")
+        require(
+            self.max_tokens is None or self.max_tokens >= 2,
+            "workload.max_tokens",
+            f"must be >= 2, got {self.max_tokens}",
+        )
         require(self.num_requests >= 1, "workload.num_requests", f"must be >= 1, got {self.num_requests}")
         require(self.rate > 0, "workload.rate", f"must be > 0 req/s, got {self.rate}")
         require(self.burstiness > 0, "workload.burstiness", f"must be > 0, got {self.burstiness}")
         require(len(self.classes) > 0, "workload.classes", "must list at least one request class")
         for i, c in enumerate(self.classes):
-            require(c.weight > 0 and 1 <= c.input_min <= c.input_max and 1 <= c.output_min <= c.output_max,
-                    f"workload.classes[{i}]", "need weight > 0, 1 <= input_min <= input_max, 1 <= output_min <= output_max")
-        require((self.prefix_groups > 0) == (self.prefix_tokens > 0) and self.prefix_groups >= 0,
-                "workload.prefix_groups", "prefix_groups and prefix_tokens must both be > 0 or both 0")
+            require(
+                c.weight > 0 and 1 <= c.input_min <= c.input_max and 1 <= c.output_min <= c.output_max,
+                f"workload.classes[{i}]",
+                "need weight > 0, 1 <= input_min <= input_max, 1 <= output_min <= output_max",
+            )
+        require(
+            (self.prefix_groups > 0) == (self.prefix_tokens > 0) and self.prefix_groups >= 0,
+            "workload.prefix_groups",
+            "prefix_groups and prefix_tokens must both be > 0 or both 0",
+        )
         require(self.zipf_alpha >= 0, "workload.zipf_alpha", f"must be >= 0, got {self.zipf_alpha}")
         require(self.turns >= 1, "workload.turns", f"must be >= 1, got {self.turns}")
         require(self.think_time_s >= 0, "workload.think_time_s", f"must be >= 0, got {self.think_time_s}")
@@ -125,26 +139,52 @@ class EngineConfig:
     def __post_init__(self) -> None:
         require(self.tp >= 1, "engine.tp", f"must be >= 1, got {self.tp}")
         require(self.max_num_seqs >= 1, "engine.max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
-        require(self.max_batched_tokens >= self.max_num_seqs, "engine.max_batched_tokens",
-                f"must be >= engine.max_num_seqs ({self.max_num_seqs}): each running sequence decodes one token a step, "
-                f"got {self.max_batched_tokens}")
-        require(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization",
-                f"must be in (0, 1], got {self.gpu_memory_utilization}")
-        require(self.kv_blocks is None or self.kv_blocks >= 1, "engine.kv_blocks", f"must be >= 1 or null, got {self.kv_blocks}")
-        require(self.step_time in STEP_TIME_SOURCES, "engine.step_time",
-                f"must be one of {', '.join(STEP_TIME_SOURCES)}, got {self.step_time!r}")
-        require(self.step_time != "table" or bool(self.table_path), "engine.table_path",
-                "step_time=table needs a serve-bench results.json")
-        require(self.step_time != "table" or (self.table_input_tokens or 0) >= 1, "engine.table_input_tokens",
-                "step_time=table needs the mean prompt tokens of the measured run")
+        require(
+            self.max_batched_tokens >= self.max_num_seqs,
+            "engine.max_batched_tokens",
+            f"must be >= engine.max_num_seqs ({self.max_num_seqs}): each running sequence decodes one token a step, "
+            f"got {self.max_batched_tokens}",
+        )
+        require(
+            0 < self.gpu_memory_utilization <= 1,
+            "engine.gpu_memory_utilization",
+            f"must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
+        require(
+            self.kv_blocks is None or self.kv_blocks >= 1,
+            "engine.kv_blocks",
+            f"must be >= 1 or null, got {self.kv_blocks}",
+        )
+        require(
+            self.step_time in STEP_TIME_SOURCES,
+            "engine.step_time",
+            f"must be one of {', '.join(STEP_TIME_SOURCES)}, got {self.step_time!r}",
+        )
+        require(
+            self.step_time != "table" or bool(self.table_path),
+            "engine.table_path",
+            "step_time=table needs a serve-bench results.json",
+        )
+        require(
+            self.step_time != "table" or (self.table_input_tokens or 0) >= 1,
+            "engine.table_input_tokens",
+            "step_time=table needs the mean prompt tokens of the measured run",
+        )
         require(0 < self.prefill_mfu <= 1, "engine.prefill_mfu", f"must be in (0, 1], got {self.prefill_mfu}")
-        require(0 < self.decode_hbm_efficiency <= 1, "engine.decode_hbm_efficiency",
-                f"must be in (0, 1], got {self.decode_hbm_efficiency}")
-        require(self.runtime_overhead_gib >= 0, "engine.runtime_overhead_gib",
-                f"must be >= 0, got {self.runtime_overhead_gib}")
+        require(
+            0 < self.decode_hbm_efficiency <= 1,
+            "engine.decode_hbm_efficiency",
+            f"must be in (0, 1], got {self.decode_hbm_efficiency}",
+        )
+        require(
+            self.runtime_overhead_gib >= 0,
+            "engine.runtime_overhead_gib",
+            f"must be >= 0, got {self.runtime_overhead_gib}",
+        )
         require(self.step_overhead_ms >= 0, "engine.step_overhead_ms", f"must be >= 0, got {self.step_overhead_ms}")
-        require(self.prefill_overhead_ms >= 0, "engine.prefill_overhead_ms",
-                f"must be >= 0, got {self.prefill_overhead_ms}")
+        require(
+            self.prefill_overhead_ms >= 0, "engine.prefill_overhead_ms", f"must be >= 0, got {self.prefill_overhead_ms}"
+        )
         require(self.bytes_per_param > 0, "engine.bytes_per_param", f"must be > 0, got {self.bytes_per_param}")
         require(self.kv_bytes_per_elem > 0, "engine.kv_bytes_per_elem", f"must be > 0, got {self.kv_bytes_per_elem}")
 
@@ -155,8 +195,11 @@ def parse_policy(p: str) -> tuple[str, int, int]:
         return ("colocated", 0, 0)
     parts = p.split(":")
     ok = len(parts) == 3 and parts[0] == "pd" and parts[1].isdigit() and parts[2].isdigit()
-    require(ok and int(parts[1]) >= 1 and int(parts[2]) >= 1, "fleet.policies",
-            f"each entry must be 'colocated' or 'pd:P:D' with P, D >= 1 replicas, got {p!r}")
+    require(
+        ok and int(parts[1]) >= 1 and int(parts[2]) >= 1,
+        "fleet.policies",
+        f"each entry must be 'colocated' or 'pd:P:D' with P, D >= 1 replicas, got {p!r}",
+    )
     return ("pd", int(parts[1]), int(parts[2]))
 
 
@@ -183,9 +226,14 @@ class FleetConfig:
         require(len(self.routers) > 0, "fleet.routers", "must list at least one router")
         for r in self.routers:
             require(r in ROUTERS, "fleet.routers", f"each must be one of {', '.join(ROUTERS)}, got {r!r}")
-        require(self.kv_link in KV_LINKS, "fleet.kv_link", f"must be one of {', '.join(KV_LINKS)}, got {self.kv_link!r}")
-        require(self.sim_engine in SIM_ENGINES, "fleet.sim_engine",
-                f"must be one of {', '.join(SIM_ENGINES)}, got {self.sim_engine!r}")
+        require(
+            self.kv_link in KV_LINKS, "fleet.kv_link", f"must be one of {', '.join(KV_LINKS)}, got {self.kv_link!r}"
+        )
+        require(
+            self.sim_engine in SIM_ENGINES,
+            "fleet.sim_engine",
+            f"must be one of {', '.join(SIM_ENGINES)}, got {self.sim_engine!r}",
+        )
 
 
 @dataclass
@@ -201,10 +249,16 @@ class LoadConfig:
 
     def __post_init__(self) -> None:
         require(self.mode in ("open", "closed"), "load.mode", f"must be open or closed, got {self.mode!r}")
-        require(all(r > 0 for r in self.rates), "load.rates",
-                f"must be rates > 0 req/s (an empty list skips the sweep), got {self.rates}")
-        require(all(c >= 1 for c in self.concurrency), "load.concurrency",
-                f"must be integers >= 1 (an empty list skips the sweep), got {self.concurrency}")
+        require(
+            all(r > 0 for r in self.rates),
+            "load.rates",
+            f"must be rates > 0 req/s (an empty list skips the sweep), got {self.rates}",
+        )
+        require(
+            all(c >= 1 for c in self.concurrency),
+            "load.concurrency",
+            f"must be integers >= 1 (an empty list skips the sweep), got {self.concurrency}",
+        )
 
 
 @dataclass
@@ -257,18 +311,37 @@ class AnalysisConfig:
     order) | mean (every request at the run's mean prompt/output; closed loops then run in lockstep)."""
 
     def __post_init__(self) -> None:
-        require(self.target_rate is None or self.target_rate > 0, "analysis.target_rate", f"must be > 0, got {self.target_rate}")
+        require(
+            self.target_rate is None or self.target_rate > 0,
+            "analysis.target_rate",
+            f"must be > 0, got {self.target_rate}",
+        )
         require(self.max_replicas >= 1, "analysis.max_replicas", f"must be >= 1, got {self.max_replicas}")
-        require(len(self.pd_ratios) > 0 and all(r > 0 for r in self.pd_ratios), "analysis.pd_ratios",
-                f"must be a non-empty list of ratios > 0, got {self.pd_ratios}")
+        require(
+            len(self.pd_ratios) > 0 and all(r > 0 for r in self.pd_ratios),
+            "analysis.pd_ratios",
+            f"must be a non-empty list of ratios > 0, got {self.pd_ratios}",
+        )
         require(self.pd_output_tokens >= 2, "analysis.pd_output_tokens", f"must be >= 2, got {self.pd_output_tokens}")
-        require(len(self.pd_slo_scales) > 0 and all(s > 1 for s in self.pd_slo_scales), "analysis.pd_slo_scales",
-                f"must be a non-empty list of scales > 1, got {self.pd_slo_scales}")
-        require(self.pd_replicas >= 2, "analysis.pd_replicas", f"must be >= 2 (one prefill + one decode), got {self.pd_replicas}")
+        require(
+            len(self.pd_slo_scales) > 0 and all(s > 1 for s in self.pd_slo_scales),
+            "analysis.pd_slo_scales",
+            f"must be a non-empty list of scales > 1, got {self.pd_slo_scales}",
+        )
+        require(
+            self.pd_replicas >= 2,
+            "analysis.pd_replicas",
+            f"must be >= 2 (one prefill + one decode), got {self.pd_replicas}",
+        )
         require(self.pd_requests >= 50, "analysis.pd_requests", f"must be >= 50, got {self.pd_requests}")
-        require(self.compare_lengths in ("requests", "mean"), "analysis.compare_lengths",
-                f"must be requests or mean, got {self.compare_lengths!r}")
-        require(self.rate_search_steps >= 2, "analysis.rate_search_steps", f"must be >= 2, got {self.rate_search_steps}")
+        require(
+            self.compare_lengths in ("requests", "mean"),
+            "analysis.compare_lengths",
+            f"must be requests or mean, got {self.compare_lengths!r}",
+        )
+        require(
+            self.rate_search_steps >= 2, "analysis.rate_search_steps", f"must be >= 2, got {self.rate_search_steps}"
+        )
 
 
 @dataclass

@@ -67,25 +67,48 @@ class ServeConfig:
     def __post_init__(self) -> None:
         require(self.engine in ENGINES, "serve.engine", f"must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         require(self.tp >= 1, "serve.tp", f"must be >= 1, got {self.tp}")
-        require(self.max_model_len is None or self.max_model_len > 0, "serve.max_model_len",
-                f"must be > 0 or null, got {self.max_model_len}")
-        require(self.host in LOOPBACK_HOSTS, "serve.host",
-                f"launched servers bind loopback only ({', '.join(LOOPBACK_HOSTS)}); got {self.host!r}; "
-                "use serve.endpoint for a server elsewhere")
+        require(
+            self.max_model_len is None or self.max_model_len > 0,
+            "serve.max_model_len",
+            f"must be > 0 or null, got {self.max_model_len}",
+        )
+        require(
+            self.host in LOOPBACK_HOSTS,
+            "serve.host",
+            f"launched servers bind loopback only ({', '.join(LOOPBACK_HOSTS)}); got {self.host!r}; "
+            "use serve.endpoint for a server elsewhere",
+        )
         require(0 <= self.port < 65536, "serve.port", f"must be in [0, 65535], got {self.port}")
         require(self.ready_timeout_s > 0, "serve.ready_timeout_s", f"must be > 0, got {self.ready_timeout_s}")
-        require(self.endpoint is None or self.endpoint.startswith(("http://", "https://")), "serve.endpoint",
-                f"must be an http(s):// base URL, got {self.endpoint!r}")
-        require(self.engine != "openai" or self.endpoint is not None, "serve.endpoint",
-                "engine=openai means an already running server: set serve.endpoint=http://host:port")
-        require(not (self.random_model and self.endpoint), "serve.random_model",
-                "cannot build a model for an already running serve.endpoint")
+        require(
+            self.endpoint is None or self.endpoint.startswith(("http://", "https://")),
+            "serve.endpoint",
+            f"must be an http(s):// base URL, got {self.endpoint!r}",
+        )
+        require(
+            self.engine != "openai" or self.endpoint is not None,
+            "serve.endpoint",
+            "engine=openai means an already running server: set serve.endpoint=http://host:port",
+        )
+        require(
+            not (self.random_model and self.endpoint),
+            "serve.random_model",
+            "cannot build a model for an already running serve.endpoint",
+        )
 
     def launch_key(self) -> tuple[Any, ...]:
         """What forces a server restart between sweep members: everything that goes on its command line."""
-        return (self.engine, self.model, self.tp, self.dtype, self.max_model_len,
-                tuple(sorted((k, repr(v)) for k, v in self.engine_args.items())),
-                tuple(sorted(self.env.items())), tuple(self.launcher or ()), self.random_model)
+        return (
+            self.engine,
+            self.model,
+            self.tp,
+            self.dtype,
+            self.max_model_len,
+            tuple(sorted((k, repr(v)) for k, v in self.engine_args.items())),
+            tuple(sorted(self.env.items())),
+            tuple(self.launcher or ()),
+            self.random_model,
+        )
 
 
 @dataclass
@@ -104,11 +127,16 @@ class LengthDist:
     """Upper clip (and uniform upper bound)."""
 
     def validate(self, key: str) -> None:
-        require(self.kind in LENGTH_KINDS, f"{key}.kind", f"must be one of {', '.join(LENGTH_KINDS)}, got {self.kind!r}")
+        require(
+            self.kind in LENGTH_KINDS, f"{key}.kind", f"must be one of {', '.join(LENGTH_KINDS)}, got {self.kind!r}"
+        )
         require(1 <= self.min <= self.max, f"{key}.min", f"need 1 <= min <= max, got min={self.min} max={self.max}")
         require(self.std >= 0, f"{key}.std", f"must be >= 0, got {self.std}")
-        require(self.kind == "uniform" or self.min <= self.mean <= self.max, f"{key}.mean",
-                f"must lie in [min, max] = [{self.min}, {self.max}], got {self.mean}")
+        require(
+            self.kind == "uniform" or self.min <= self.mean <= self.max,
+            f"{key}.mean",
+            f"must lie in [min, max] = [{self.min}, {self.max}], got {self.mean}",
+        )
         require(self.kind != "lognormal" or self.mean > 0, f"{key}.mean", "lognormal needs mean > 0")
 
 
@@ -172,35 +200,64 @@ class LoadConfig:
         require(self.dataset in DATASETS, "load.dataset", f"must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
         require(self.arrival in ARRIVALS, "load.arrival", f"must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
         require(self.api in APIS, "load.api", f"must be one of {', '.join(APIS)}, got {self.api!r}")
-        require(self.dataset == "synthetic" or self.path is not None, "load.path",
-                f"dataset={self.dataset} needs a file path (load.path=...)")
-        require(self.concurrency is None or self.concurrency >= 1, "load.concurrency",
-                f"must be >= 1 or null, got {self.concurrency}")
+        require(
+            self.dataset == "synthetic" or self.path is not None,
+            "load.path",
+            f"dataset={self.dataset} needs a file path (load.path=...)",
+        )
+        require(
+            self.concurrency is None or self.concurrency >= 1,
+            "load.concurrency",
+            f"must be >= 1 or null, got {self.concurrency}",
+        )
         if self.arrival == "concurrency":
             require(self.concurrency is not None, "load.concurrency", "arrival=concurrency needs a concurrency")
             if self.num_requests is not None and self.concurrency is not None:
-                require(self.num_requests >= 10 * self.concurrency, "load.num_requests",
-                        f"closed loop needs >= 10 x concurrency = {10 * self.concurrency} requests, "
-                        f"got {self.num_requests}")
+                require(
+                    self.num_requests >= 10 * self.concurrency,
+                    "load.num_requests",
+                    f"closed loop needs >= 10 x concurrency = {10 * self.concurrency} requests, "
+                    f"got {self.num_requests}",
+                )
         if self.arrival in ("poisson", "gamma", "constant"):
-            require(self.request_rate is not None and self.request_rate > 0 and math.isfinite(self.request_rate),
-                    "load.request_rate", f"arrival={self.arrival} needs a finite request_rate > 0, "
-                    f"got {self.request_rate}")
-        require(self.arrival != "trace" or self.dataset in ("mooncake", "azure"), "load.arrival",
-                f"arrival=trace needs a trace dataset (mooncake, azure), got dataset={self.dataset}")
+            require(
+                self.request_rate is not None and self.request_rate > 0 and math.isfinite(self.request_rate),
+                "load.request_rate",
+                f"arrival={self.arrival} needs a finite request_rate > 0, got {self.request_rate}",
+            )
+        require(
+            self.arrival != "trace" or self.dataset in ("mooncake", "azure"),
+            "load.arrival",
+            f"arrival=trace needs a trace dataset (mooncake, azure), got dataset={self.dataset}",
+        )
         require(self.burstiness > 0, "load.burstiness", f"must be > 0, got {self.burstiness}")
         require(self.time_scale > 0, "load.time_scale", f"must be > 0, got {self.time_scale}")
-        require(self.requests_per_slot >= 10, "load.requests_per_slot",
-                f"must be >= 10 (closed-loop runs need >= 10 x concurrency requests), got {self.requests_per_slot}")
+        require(
+            self.requests_per_slot >= 10,
+            "load.requests_per_slot",
+            f"must be >= 10 (closed-loop runs need >= 10 x concurrency requests), got {self.requests_per_slot}",
+        )
         require(self.min_requests >= 1, "load.min_requests", f"must be >= 1, got {self.min_requests}")
-        require(self.num_requests is None or self.num_requests >= 1, "load.num_requests",
-                f"must be >= 1 or null, got {self.num_requests}")
-        require(self.warmup_requests is None or self.warmup_requests >= 0, "load.warmup_requests",
-                f"must be >= 0 or null, got {self.warmup_requests}")
-        require(1 <= self.prompt_len_min <= self.prompt_len_max, "load.prompt_len_min",
-                f"need 1 <= prompt_len_min <= prompt_len_max, got {self.prompt_len_min}, {self.prompt_len_max}")
-        require(1 <= self.output_len_min <= self.output_len_max, "load.output_len_min",
-                f"need 1 <= output_len_min <= output_len_max, got {self.output_len_min}, {self.output_len_max}")
+        require(
+            self.num_requests is None or self.num_requests >= 1,
+            "load.num_requests",
+            f"must be >= 1 or null, got {self.num_requests}",
+        )
+        require(
+            self.warmup_requests is None or self.warmup_requests >= 0,
+            "load.warmup_requests",
+            f"must be >= 0 or null, got {self.warmup_requests}",
+        )
+        require(
+            1 <= self.prompt_len_min <= self.prompt_len_max,
+            "load.prompt_len_min",
+            f"need 1 <= prompt_len_min <= prompt_len_max, got {self.prompt_len_min}, {self.prompt_len_max}",
+        )
+        require(
+            1 <= self.output_len_min <= self.output_len_max,
+            "load.output_len_min",
+            f"need 1 <= output_len_min <= output_len_max, got {self.output_len_min}, {self.output_len_max}",
+        )
         self.prompt_dist.validate("load.prompt_dist")
         self.output_dist.validate("load.output_dist")
         for k in ("connect_timeout_s", "read_timeout_s", "request_timeout_s"):
@@ -240,12 +297,18 @@ class SLOConfig:
         for k in ("ttft_ms", "tpot_ms", "e2e_ms"):
             v = getattr(self, k)
             require(v is None or v > 0, f"slo.{k}", f"must be > 0 or null, got {v}")
-        require(any(getattr(self, k) is not None for k in ("ttft_ms", "tpot_ms", "e2e_ms")), "slo",
-                "at least one of ttft_ms, tpot_ms, e2e_ms must be set")
+        require(
+            any(getattr(self, k) is not None for k in ("ttft_ms", "tpot_ms", "e2e_ms")),
+            "slo",
+            "at least one of ttft_ms, tpot_ms, e2e_ms must be set",
+        )
 
     def describe(self) -> str:
-        parts = [f"{k.removesuffix('_ms').upper()} <= {getattr(self, k):g} ms"
-                 for k in ("ttft_ms", "tpot_ms", "e2e_ms") if getattr(self, k) is not None]
+        parts = [
+            f"{k.removesuffix('_ms').upper()} <= {getattr(self, k):g} ms"
+            for k in ("ttft_ms", "tpot_ms", "e2e_ms")
+            if getattr(self, k) is not None
+        ]
         return " AND ".join(parts)
 
 
@@ -262,8 +325,9 @@ class TelemetryConfig:
 
     def __post_init__(self) -> None:
         require(self.nvml_interval_s > 0, "telemetry.nvml_interval_s", f"must be > 0, got {self.nvml_interval_s}")
-        require(self.metrics_interval_s > 0, "telemetry.metrics_interval_s",
-                f"must be > 0, got {self.metrics_interval_s}")
+        require(
+            self.metrics_interval_s > 0, "telemetry.metrics_interval_s", f"must be > 0, got {self.metrics_interval_s}"
+        )
 
 
 @dataclass
@@ -284,5 +348,8 @@ class ServeBenchRunConfig:
     def __post_init__(self) -> None:
         if self.load.dataset == "sharegpt" and self.serve.max_model_len is not None:
             need = self.load.prompt_len_max + self.load.output_len_max
-            require(need <= self.serve.max_model_len, "serve.max_model_len",
-                    f"{self.serve.max_model_len} < load.prompt_len_max + load.output_len_max = {need}")
+            require(
+                need <= self.serve.max_model_len,
+                "serve.max_model_len",
+                f"{self.serve.max_model_len} < load.prompt_len_max + load.output_len_max = {need}",
+            )

@@ -35,8 +35,9 @@ def good_mask(res: SimResult, slo: SloConfig) -> tuple[np.ndarray, np.ndarray]:
     return res.ttft_s <= slo.ttft_ms / 1e3, res.tpot_s <= slo.tpot_ms / 1e3
 
 
-def summarize(res: SimResult, slo: SloConfig, hardware: HardwareConfig,
-              window: tuple[float, float] | None = None) -> dict[str, Any]:
+def summarize(
+    res: SimResult, slo: SloConfig, hardware: HardwareConfig, window: tuple[float, float] | None = None
+) -> dict[str, Any]:
     """One results row for a simulation: latency percentiles, SLO attainment, goodput, hit rate, cost.
 
     ``window = (t0, t1)``: latency, attainment and goodput count only requests arriving in [t0, t1] (steady state:
@@ -105,8 +106,9 @@ class RateSearch:
     probes: int
 
 
-def max_rate_within_slo(run_at: Callable[[float], dict[str, Any]], slo: SloConfig, start: float, steps: int,
-                        max_doublings: int = 12) -> RateSearch:
+def max_rate_within_slo(
+    run_at: Callable[[float], dict[str, Any]], slo: SloConfig, start: float, steps: int, max_doublings: int = 12
+) -> RateSearch:
     """Bisection on the request rate. ``run_at(rate)`` simulates and returns a :func:`summarize` row.
 
     Brackets by halving / doubling from ``start``, then ``steps`` bisection steps on the log scale.
@@ -144,7 +146,9 @@ def max_rate_within_slo(run_at: Callable[[float], dict[str, Any]], slo: SloConfi
     return RateSearch(lo, lo_row, hi_row, probes)
 
 
-def min_replicas(run_with: Callable[[int], dict[str, Any]], slo: SloConfig, lo: int, hi: int) -> tuple[int | None, dict[str, Any] | None]:
+def min_replicas(
+    run_with: Callable[[int], dict[str, Any]], slo: SloConfig, lo: int, hi: int
+) -> tuple[int | None, dict[str, Any] | None]:
     """Fewest replicas in [lo, hi] meeting the SLO, assuming more replicas never hurt (bisection).
 
     Returns (None, row at ``hi``) when even ``hi`` fails.

@@ -57,8 +57,15 @@ def scenario_workload(name: str, n: int, seed: int = 0) -> tuple[Workload, str]:
     if path is not None and path.is_file():
         base, src = load_mooncake(path), "Mooncake synthetic trace"
     else:
-        base = synthetic(4000, 4.0, [RequestClass(1.0, 2000, 28000, 20, 300)], seed, prefix_groups=200,
-                         prefix_tokens=4096, zipf_alpha=1.0)
+        base = synthetic(
+            4000,
+            4.0,
+            [RequestClass(1.0, 2000, 28000, 20, 300)],
+            seed,
+            prefix_groups=200,
+            prefix_tokens=4096,
+            zipf_alpha=1.0,
+        )
         src = "synthetic (Mooncake-like lengths, shared prefixes)"
     return base.repeated(-(-n // len(base))).head(n).at_rate(8.0), src
 
@@ -72,33 +79,71 @@ def run_bench(requests: int, scenarios: list[str], engines: list[str]) -> list[d
     rows = []
     for sc in scenarios:
         w, src = scenario_workload(sc, requests)
-        topo, router = {"azure": (Topology(colocated=16), "least_loaded"),
-                        "mooncake": (Topology(colocated=16), "prefix_aware"),
-                        "pd": (Topology(prefill=6, decode=10), "least_loaded")}[sc]
+        topo, router = {
+            "azure": (Topology(colocated=16), "least_loaded"),
+            "mooncake": (Topology(colocated=16), "prefix_aware"),
+            "pd": (Topology(prefill=6, decode=10), "least_loaded"),
+        }[sc]
         for e in engines:
             t0, c0 = time.perf_counter(), time.process_time()
-            r = simulate(w, model, limits, topo, router, tp=eng.tp, engine=e,
-                         kv_transfer_s=lambda n: kv_transfer_s(spec, hw, eng, "internode", n))
+            r = simulate(
+                w,
+                model,
+                limits,
+                topo,
+                router,
+                tp=eng.tp,
+                engine=e,
+                kv_transfer_s=lambda n: kv_transfer_s(spec, hw, eng, "internode", n),
+            )
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            rows.append({"scenario": sc, "source": src, "engine": e, "requests": len(w), "events": r.events,
-                         "wall_s": wall, "cpu_s": cpu, "sim_req_per_s": len(w) / wall,
-                         "sim_req_per_cpu_s": len(w) / cpu, "events_per_cpu_s": r.events / cpu,
-                         "ttft_p50_ms": float(np.median(r.ttft_s)) * 1e3,
-                         "tpot_p50_ms": float(np.median(r.tpot_s)) * 1e3, "prefix_hit_rate": r.prefix_hit_rate,
-                         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+            rows.append(
+                {
+                    "scenario": sc,
+                    "source": src,
+                    "engine": e,
+                    "requests": len(w),
+                    "events": r.events,
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "sim_req_per_s": len(w) / wall,
+                    "sim_req_per_cpu_s": len(w) / cpu,
+                    "events_per_cpu_s": r.events / cpu,
+                    "ttft_p50_ms": float(np.median(r.ttft_s)) * 1e3,
+                    "tpot_p50_ms": float(np.median(r.tpot_s)) * 1e3,
+                    "prefix_hit_rate": r.prefix_hit_rate,
+                    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                }
+            )
             print(_fmt([rows[-1]], header=len(rows) == 1), flush=True)
     return rows
 
 
-COLS = ("scenario", "engine", "requests", "events", "wall_s", "cpu_s", "sim_req_per_s", "sim_req_per_cpu_s",
-        "events_per_cpu_s", "ttft_p50_ms",
-        "tpot_p50_ms", "prefix_hit_rate", "peak_rss_mib", "source")
+COLS = (
+    "scenario",
+    "engine",
+    "requests",
+    "events",
+    "wall_s",
+    "cpu_s",
+    "sim_req_per_s",
+    "sim_req_per_cpu_s",
+    "events_per_cpu_s",
+    "ttft_p50_ms",
+    "tpot_p50_ms",
+    "prefix_hit_rate",
+    "peak_rss_mib",
+    "source",
+)
 
 
 def _fmt(rows: list[dict], header: bool = True) -> str:
     def f(v: object) -> str:
-        return f"{v:,.3g}" if isinstance(v, float) and abs(v) < 1000 else (f"{v:,.0f}" if isinstance(v, (int, float))
-                                                                            else str(v))
+        return (
+            f"{v:,.3g}"
+            if isinstance(v, float) and abs(v) < 1000
+            else (f"{v:,.0f}" if isinstance(v, (int, float)) else str(v))
+        )
 
     lines = ["| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)] if header else []
     lines += ["| " + " | ".join(f(r[c]) for c in COLS) + " |" for r in rows]
@@ -123,12 +168,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SystemExit("phase6 fleet-bench: error: --requests must be >= 1")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # a one-core number
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").is_file() else "unknown"
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "unknown",
+        )
+        if Path("/proc/cpuinfo").is_file()
+        else "unknown"
+    )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"fleet simulator speed, {time.strftime('%Y-%m-%d')}, CPU: {cpu}, 1 core pinned, load average {load:.1f} "
-          f"over {os.cpu_count()} cores; Llama-3.1-70B TP4 replicas on H100 numbers. sim_req_per_cpu_s = requests / "
-          "process CPU seconds (robust to other processes sharing the core)")
+    print(
+        f"fleet simulator speed, {time.strftime('%Y-%m-%d')}, CPU: {cpu}, 1 core pinned, load average {load:.1f} "
+        f"over {os.cpu_count()} cores; Llama-3.1-70B TP4 replicas on H100 numbers. sim_req_per_cpu_s = requests / "
+        "process CPU seconds (robust to other processes sharing the core)"
+    )
     return run_bench(a.requests, scenarios, engines)
 
 

@@ -98,8 +98,10 @@ def _read_requests(path: Path, completed: int) -> tuple[np.ndarray, np.ndarray, 
     """(prompt tokens, output tokens, TTFT ms, prompts counted by the client) of the completed requests, by send
     index."""
     if not path.is_file():
-        raise ValueError(f"{path}: not found (serve-bench writes one record per request there; the comparison "
-                         "replays those requests)")
+        raise ValueError(
+            f"{path}: not found (serve-bench writes one record per request there; the comparison "
+            "replays those requests)"
+        )
     recs: list[tuple[int, int, int, bool, float]] = []
     with path.open() as f:
         for line_no, line in enumerate(f, start=1):
@@ -117,8 +119,10 @@ def _read_requests(path: Path, completed: int) -> tuple[np.ndarray, np.ndarray, 
             inp = usage if isinstance(usage, int) else r.get("prompt_len")
             out = r.get("output_tokens")
             if not isinstance(inp, int) or inp < 1 or not isinstance(out, int) or out < 1:
-                raise ValueError(f"{path}:{line_no}: a completed request needs prompt_tokens (or prompt_len) >= 1 and "
-                                 f"output_tokens >= 1, got {inp!r}, {out!r}")
+                raise ValueError(
+                    f"{path}:{line_no}: a completed request needs prompt_tokens (or prompt_len) >= 1 and "
+                    f"output_tokens >= 1, got {inp!r}, {out!r}"
+                )
             ttft = r.get("ttft_s")
             if not _number(ttft) or ttft < 0:
                 raise ValueError(f"{path}:{line_no}: a completed request needs a number ttft_s >= 0, got {ttft!r}")
@@ -126,8 +130,12 @@ def _read_requests(path: Path, completed: int) -> tuple[np.ndarray, np.ndarray, 
     if len(recs) != completed:
         raise ValueError(f"{path}: {len(recs)} completed requests, but results.json says completed = {completed}")
     recs.sort()
-    return (np.asarray([r[1] for r in recs], dtype=np.int64), np.asarray([r[2] for r in recs], dtype=np.int64),
-            np.asarray([r[4] for r in recs], dtype=np.float64), sum(r[3] for r in recs))
+    return (
+        np.asarray([r[1] for r in recs], dtype=np.int64),
+        np.asarray([r[2] for r in recs], dtype=np.int64),
+        np.asarray([r[4] for r in recs], dtype=np.float64),
+        sum(r[3] for r in recs),
+    )
 
 
 def load_run(run_dir: str | Path) -> MeasuredRun | str:
@@ -136,12 +144,16 @@ def load_run(run_dir: str | Path) -> MeasuredRun | str:
     res_path = d / "results.json"
     res = _read_json(res_path)
     if not isinstance(res, dict) or res.get("job", "serve_bench") != "serve_bench":
-        raise ValueError(f"{res_path}: not a serve-bench results.json (job {res.get('job') if isinstance(res, dict) else None!r})")
+        raise ValueError(
+            f"{res_path}: not a serve-bench results.json (job {res.get('job') if isinstance(res, dict) else None!r})"
+        )
     rows = res.get("rows")
     if not isinstance(rows, list) or len(rows) != 1 or not isinstance(rows[0], dict):
-        raise ValueError(f"{res_path}: expected one row (one serve-bench run), got "
-                         f"{len(rows) if isinstance(rows, list) else 'no'} rows; pass the run's directory, or the "
-                         "sweep dir that holds the runs")
+        raise ValueError(
+            f"{res_path}: expected one row (one serve-bench run), got "
+            f"{len(rows) if isinstance(rows, list) else 'no'} rows; pass the run's directory, or the "
+            "sweep dir that holds the runs"
+        )
     row = rows[0]
     if row.get("concurrency") is None:
         return f"{d}: open loop (request_rate={row.get('request_rate')}), no fixed concurrency to replay"
@@ -170,8 +182,10 @@ def load_serve_bench(path: str | Path) -> tuple[list[MeasuredRun], list[str]]:
     if (p / "results.json").is_file():
         dirs, skipped = [p], []
     else:
-        subs = sorted((s for s in p.iterdir() if s.is_dir() and (s / "config.yaml").is_file()),
-                      key=lambda s: (not s.name.isdigit(), int(s.name) if s.name.isdigit() else 0, s.name))
+        subs = sorted(
+            (s for s in p.iterdir() if s.is_dir() and (s / "config.yaml").is_file()),
+            key=lambda s: (not s.name.isdigit(), int(s.name) if s.name.isdigit() else 0, s.name),
+        )
         dirs = [s for s in subs if (s / "results.json").is_file()]
         skipped = [f"{s}: no results.json (the run did not finish)" for s in subs if s not in dirs]
         if not dirs:
@@ -197,14 +211,18 @@ def check_serve_bench(path: str | Path, cfg: FleetRunConfig) -> None:
             by_tp.setdefault(int(run.row.get("tp") or cfg.engine.tp), []).append(run.concurrency)
         for tp, cs in sorted(by_tp.items()):
             if 1 not in cs:
-                raise ValueError(f"analysis.compare_calibrate: {path} has no concurrency-1 run for TP={tp} (only "
-                                 f"{sorted(cs)}); the calibration fits on it: add load.concurrency=1 to the sweep or "
-                                 "set analysis.compare_calibrate=false")
+                raise ValueError(
+                    f"analysis.compare_calibrate: {path} has no concurrency-1 run for TP={tp} (only "
+                    f"{sorted(cs)}); the calibration fits on it: add load.concurrency=1 to the sweep or "
+                    "set analysis.compare_calibrate=false"
+                )
     for run in runs:
         measured_hw = (run.config.get("hardware") or {}).get("name")
         if measured_hw is not None and measured_hw != cfg.hardware.name:
-            raise ValueError(f"hardware: the fleet simulates {cfg.hardware.name} but {run.run_dir} was measured on "
-                             f"{measured_hw} (its config.yaml); pass hardware={measured_hw}")
+            raise ValueError(
+                f"hardware: the fleet simulates {cfg.hardware.name} but {run.run_dir} was measured on "
+                f"{measured_hw} (its config.yaml); pass hardware={measured_hw}"
+            )
         engine_limits(run, cfg.engine)
 
 
@@ -231,7 +249,9 @@ def engine_limits(run: MeasuredRun, engine: EngineConfig) -> tuple[int, int, str
             if v is None:
                 continue
             if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{run.run_dir}/config.yaml: serve.engine_args.{key} must be an integer >= 1, got {v!r}")
+                raise ValueError(
+                    f"{run.run_dir}/config.yaml: serve.engine_args.{key} must be an integer >= 1, got {v!r}"
+                )
             if i == 0:
                 seqs = v
             else:
@@ -281,8 +301,9 @@ def _weighted_median(x: np.ndarray, w: np.ndarray) -> float:
     return float(x[order][np.searchsorted(cw, 0.5 * cw[-1])])
 
 
-def fit_prefill(setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits
-                ) -> tuple[float, float, float]:
+def fit_prefill(
+    setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits
+) -> tuple[float, float, float]:
     """(prefill_mfu, prefill_overhead_ms, mean absolute deviation ms) fitted to the run's per-request TTFTs.
 
     Model of request i (idle replica, the other planner parameters as in ``engine``): TTFT_i = base_i(mfu) + n_i·o,
@@ -295,8 +316,9 @@ def fit_prefill(setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limit
     lengths = [int(p) for p in run.input_tokens]
 
     def fit_o(mfu: float) -> tuple[float, float]:
-        model = planner_model(setup.spec, setup.hardware, dataclasses.replace(engine, prefill_mfu=mfu,
-                                                                              prefill_overhead_ms=0.0))
+        model = planner_model(
+            setup.spec, setup.hardware, dataclasses.replace(engine, prefill_mfu=mfu, prefill_overhead_ms=0.0)
+        )
         base, n = np.asarray([idle_ttft_s(model, p, budget) for p in lengths]).T
         o = max(0.0, _weighted_median((ttft_s - base) / n, n))
         return o, float(np.abs(ttft_s - base - n * o).sum())
@@ -334,8 +356,9 @@ def ttft_line(run: MeasuredRun) -> tuple[float, float]:
     return float(np.median(y - slope * x)), 1e3 * slope
 
 
-def replay(setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits, lengths: str = "requests"
-           ) -> SimResult:
+def replay(
+    setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits, lengths: str = "requests"
+) -> SimResult:
     """Simulate ``run``: one replica with ``engine``'s step times, its C clients sending its requests in order."""
     spec = setup.spec
     s = dataclasses.replace(setup, model=planner_model(spec, setup.hardware, engine), engine=engine, limits=limits)
@@ -354,8 +377,9 @@ def p50_ms(res: SimResult) -> tuple[float, float]:
     return float(np.median(res.ttft_s)) * 1e3, float(np.nanmedian(res.tpot_s)) * 1e3
 
 
-def calibrate(setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits,
-              lengths: str = "requests") -> EngineConfig:
+def calibrate(
+    setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits, lengths: str = "requests"
+) -> EngineConfig:
     """Fit step_overhead_ms (to TPOT p50, by replaying the run) and prefill_mfu + prefill_overhead_ms (to the TTFT
     of each request vs its prompt length, :func:`fit_prefill`) on one concurrency-1 run.
 
@@ -365,22 +389,29 @@ def calibrate(setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits:
     intercept (overhead) -- data of the calibration run only.
     """
     if run.concurrency != 1:
-        raise ValueError(f"{run.run_dir}: the calibration needs the concurrency-1 run (TTFT = one request's own "
-                         f"prefill on an idle server), got concurrency {run.concurrency}; add load.concurrency=1 to "
-                         "the sweep or pass analysis.compare_calibrate=false")
+        raise ValueError(
+            f"{run.run_dir}: the calibration needs the concurrency-1 run (TTFT = one request's own "
+            f"prefill on an idle server), got concurrency {run.concurrency}; add load.concurrency=1 to "
+            "the sweep or pass analysis.compare_calibrate=false"
+        )
     tpot = float(run.row["tpot_p50_ms"])
     eng = engine
     for _ in range(CALIBRATION_ROUNDS):
-        oh = _bisect(lambda x, e=eng: p50_ms(replay(setup, run, dataclasses.replace(e, step_overhead_ms=x), limits,
-                                                    lengths))[1], 0.0, tpot, tpot)
+        oh = _bisect(
+            lambda x, e=eng: p50_ms(replay(setup, run, dataclasses.replace(e, step_overhead_ms=x), limits, lengths))[1],
+            0.0,
+            tpot,
+            tpot,
+        )
         eng = dataclasses.replace(eng, step_overhead_ms=oh)
         mfu, po, _ = fit_prefill(setup, run, eng, limits)
         eng = dataclasses.replace(eng, prefill_mfu=mfu, prefill_overhead_ms=po)
     return eng
 
 
-def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: FleetSetup, calibrate_rows: bool = True,
-                        lengths: str = "requests") -> tuple[list[dict[str, Any]], list[str]]:
+def compare_serve_bench(
+    path: str | Path, cfg: FleetRunConfig, setup: FleetSetup, calibrate_rows: bool = True, lengths: str = "requests"
+) -> tuple[list[dict[str, Any]], list[str]]:
     """One row per measured closed-loop run: measured vs simulated TTFT/TPOT p50 and throughput, errors, pass;
     plus the runs skipped (unfinished, open loop) with the reason."""
     if lengths not in ("requests", "mean"):
@@ -394,22 +425,32 @@ def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: FleetSetup
         tp = int(r.get("tp") or cfg.engine.tp)
         c = run.concurrency
         seqs, budget, limits_src = engine_limits(run, cfg.engine)
-        engine = dataclasses.replace(cfg.engine, tp=tp, step_time="planner", table_path=None, max_num_seqs=seqs,
-                                     max_batched_tokens=budget)
+        engine = dataclasses.replace(
+            cfg.engine, tp=tp, step_time="planner", table_path=None, max_num_seqs=seqs, max_batched_tokens=budget
+        )
         limits = EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, cfg.hardware, engine))  # this TP's KV
         if calibrate_rows:
             if tp not in calibrated:  # the lowest concurrency of this TP (runs are sorted)
                 fit = calibrate(setup, run, engine, limits, lengths)
                 mad = fit_prefill(setup, run, fit, limits)[2]
                 icpt, slope = ttft_line(run)
-                calibrated[tp] = (run, fit, (
-                    f"fitted at C={c}: step overhead {fit.step_overhead_ms:.2f} ms, prefill overhead "
-                    f"{fit.prefill_overhead_ms:.1f} ms, prefill_mfu {fit.prefill_mfu:.3f} (TTFT fit mean |error| "
-                    f"{mad:.1f} ms over {len(run.input_tokens)} requests; Theil-Sen TTFT line {icpt:.0f} ms + "
-                    f"{slope:.0f} ms per 1000 prompt tokens)"))
+                calibrated[tp] = (
+                    run,
+                    fit,
+                    (
+                        f"fitted at C={c}: step overhead {fit.step_overhead_ms:.2f} ms, prefill overhead "
+                        f"{fit.prefill_overhead_ms:.1f} ms, prefill_mfu {fit.prefill_mfu:.3f} (TTFT fit mean |error| "
+                        f"{mad:.1f} ms over {len(run.input_tokens)} requests; Theil-Sen TTFT line {icpt:.0f} ms + "
+                        f"{slope:.0f} ms per 1000 prompt tokens)"
+                    ),
+                )
             fit = calibrated[tp][1]
-            engine = dataclasses.replace(engine, step_overhead_ms=fit.step_overhead_ms, prefill_mfu=fit.prefill_mfu,
-                                         prefill_overhead_ms=fit.prefill_overhead_ms)
+            engine = dataclasses.replace(
+                engine,
+                step_overhead_ms=fit.step_overhead_ms,
+                prefill_mfu=fit.prefill_mfu,
+                prefill_overhead_ms=fit.prefill_overhead_ms,
+            )
         res = replay(setup, run, engine, limits, lengths)
         n = len(run.input_tokens)
         mean_in, mean_out = float(run.input_tokens.mean()), float(run.output_tokens.mean())
@@ -418,17 +459,34 @@ def compare_serve_bench(path: str | Path, cfg: FleetRunConfig, setup: FleetSetup
         e_ttft = sim_ttft / float(r["ttft_p50_ms"]) - 1
         e_tpot = sim_tpot / float(r["tpot_p50_ms"]) - 1
         fitted_here = calibrate_rows and calibrated[tp][0] is run
-        out_rows.append({
-            "run": run.run_dir.name, "engine": r.get("engine"), "tp": tp, "concurrency": c, "requests": n,
-            "failed": r.get("failed", 0), "mean_input_tokens": mean_in, "mean_output_tokens": mean_out,
-            "ttft_p50_ms_measured": float(r["ttft_p50_ms"]), "ttft_p50_ms_sim": sim_ttft, "ttft_err_pct": 100 * e_ttft,
-            "tpot_p50_ms_measured": float(r["tpot_p50_ms"]), "tpot_p50_ms_sim": sim_tpot, "tpot_err_pct": 100 * e_tpot,
-            "throughput_tok_s_measured": r.get("throughput_tok_s"), "throughput_tok_s_sim": sim_tok_s,
-            "within_20pct": abs(e_ttft) <= TOLERANCE and abs(e_tpot) <= TOLERANCE,
-            "role": ("calibration (fitted here)" if fitted_here else "prediction") if calibrate_rows else "prediction",
-            "calibration": calibrated[tp][2] if calibrate_rows else "none (planner defaults)",
-            "lengths": (f"{lengths}; prompt tokens from server usage"
-                        + (f" ({run.prompt_from_client} from the client tokenizer)" if run.prompt_from_client else "")),
-            "engine_limits": limits_src,
-        })
+        out_rows.append(
+            {
+                "run": run.run_dir.name,
+                "engine": r.get("engine"),
+                "tp": tp,
+                "concurrency": c,
+                "requests": n,
+                "failed": r.get("failed", 0),
+                "mean_input_tokens": mean_in,
+                "mean_output_tokens": mean_out,
+                "ttft_p50_ms_measured": float(r["ttft_p50_ms"]),
+                "ttft_p50_ms_sim": sim_ttft,
+                "ttft_err_pct": 100 * e_ttft,
+                "tpot_p50_ms_measured": float(r["tpot_p50_ms"]),
+                "tpot_p50_ms_sim": sim_tpot,
+                "tpot_err_pct": 100 * e_tpot,
+                "throughput_tok_s_measured": r.get("throughput_tok_s"),
+                "throughput_tok_s_sim": sim_tok_s,
+                "within_20pct": abs(e_ttft) <= TOLERANCE and abs(e_tpot) <= TOLERANCE,
+                "role": ("calibration (fitted here)" if fitted_here else "prediction")
+                if calibrate_rows
+                else "prediction",
+                "calibration": calibrated[tp][2] if calibrate_rows else "none (planner defaults)",
+                "lengths": (
+                    f"{lengths}; prompt tokens from server usage"
+                    + (f" ({run.prompt_from_client} from the client tokenizer)" if run.prompt_from_client else "")
+                ),
+                "engine_limits": limits_src,
+            }
+        )
     return out_rows, skipped

@@ -44,8 +44,20 @@ FLEET_PREFIX_HIT_RATE = "fleet/prefix_hit_rate"
 FLEET_USD_PER_1M_OUT = "fleet/usd_per_1m_output_tokens"
 FLEET_SIM_REQ_PER_S = "fleet/sim_requests_per_s"
 
-ROW_KEYS = ("offered_rate", "num_gpus", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_attainment",
-            "goodput_req_s", "throughput_tok_s", "prefix_hit_rate", "usd_per_1m_output_tokens", "usd_per_1m_tokens")
+ROW_KEYS = (
+    "offered_rate",
+    "num_gpus",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "slo_attainment",
+    "goodput_req_s",
+    "throughput_tok_s",
+    "prefix_hit_rate",
+    "usd_per_1m_output_tokens",
+    "usd_per_1m_tokens",
+)
 """Columns of the main results table; every other summary column goes to the 'Details' table."""
 
 
@@ -66,8 +78,17 @@ class FleetSetup:
         return lambda tokens: kv_transfer_s(spec, hw, eng, link, tokens)
 
     def run(self, workload: Workload, topology: Topology, router: str, closed: int | None = None) -> SimResult:
-        return simulate(workload, self.model, self.limits, topology, router, tp=self.engine.tp,
-                        kv_transfer_s=self.transfer_fn(), engine=self.sim_engine, closed_concurrency=closed)
+        return simulate(
+            workload,
+            self.model,
+            self.limits,
+            topology,
+            router,
+            tp=self.engine.tp,
+            kv_transfer_s=self.transfer_fn(),
+            engine=self.sim_engine,
+            closed_concurrency=closed,
+        )
 
 
 def model_spec(model: str) -> ModelSpec:
@@ -81,8 +102,15 @@ def build_setup(cfg: FleetRunConfig) -> FleetSetup:
     spec = model_spec(cfg.model)
     eng = cfg.engine
     limits = EngineLimits(eng.max_num_seqs, eng.max_batched_tokens, kv_capacity_blocks(spec, cfg.hardware, eng))
-    return FleetSetup(spec, build_step_model(spec, cfg.hardware, eng), limits, cfg.hardware, eng, cfg.fleet.kv_link,
-                      cfg.fleet.sim_engine)
+    return FleetSetup(
+        spec,
+        build_step_model(spec, cfg.hardware, eng),
+        limits,
+        cfg.hardware,
+        eng,
+        cfg.fleet.kv_link,
+        cfg.fleet.sim_engine,
+    )
 
 
 def load_workload(wc: FleetWorkloadConfig, seed: int) -> tuple[Workload, int]:
@@ -95,9 +123,18 @@ def load_workload(wc: FleetWorkloadConfig, seed: int) -> tuple[Workload, int]:
         w = load_azure(wc.path, wc.limit)
     else:
         classes = [RequestClass(c.weight, c.input_min, c.input_max, c.output_min, c.output_max) for c in wc.classes]
-        w = synthetic(wc.limit or wc.num_requests, wc.rate, classes, seed, burstiness=wc.burstiness,
-                      prefix_groups=wc.prefix_groups, prefix_tokens=wc.prefix_tokens, zipf_alpha=wc.zipf_alpha,
-                      turns=wc.turns, think_time_s=wc.think_time_s)
+        w = synthetic(
+            wc.limit or wc.num_requests,
+            wc.rate,
+            classes,
+            seed,
+            burstiness=wc.burstiness,
+            prefix_groups=wc.prefix_groups,
+            prefix_tokens=wc.prefix_tokens,
+            zipf_alpha=wc.zipf_alpha,
+            turns=wc.turns,
+            think_time_s=wc.think_time_s,
+        )
     w = w.repeated(wc.repeat)
     dropped = 0
     if wc.max_tokens is not None:
@@ -123,8 +160,14 @@ def scaled_topology(policy: str, total: int) -> Topology:
 
 def unloaded_latency(setup: FleetSetup, input_tokens: int, output_tokens: int) -> tuple[float, float]:
     """(TTFT, TPOT) in seconds of one request alone on a colocated replica (the SLO-scale unit of the PD grid)."""
-    w = Workload(np.zeros(1), np.asarray([input_tokens]), np.asarray([output_tokens]), np.zeros(1, dtype=np.int64),
-                 None, "single")
+    w = Workload(
+        np.zeros(1),
+        np.asarray([input_tokens]),
+        np.asarray([output_tokens]),
+        np.zeros(1, dtype=np.int64),
+        None,
+        "single",
+    )
     r = setup.run(w, Topology(colocated=1), "round_robin")
     return float(r.ttft_s[0]), float(r.tpot_s[0])
 
@@ -135,8 +178,19 @@ MAX_PROBE_REQUESTS = 60_000
 """Cap on one probe's requests (a probe at a very high rate would otherwise need millions)."""
 
 
-def search_rate(setup: FleetSetup, inp: int, out: int, e2e0: float, topo: Topology, slo: SloConfig, start: float,
-                steps: int, min_requests: int, seed: int, router: str = "least_loaded") -> RateSearch:
+def search_rate(
+    setup: FleetSetup,
+    inp: int,
+    out: int,
+    e2e0: float,
+    topo: Topology,
+    slo: SloConfig,
+    start: float,
+    steps: int,
+    min_requests: int,
+    seed: int,
+    router: str = "least_loaded",
+) -> RateSearch:
     """Max rate within ``slo`` for Poisson arrivals of identical requests, measured in steady state.
 
     Each probe at rate r simulates max(min_requests, r * LIFETIMES * e2e0) requests (capped) and scores only those
@@ -189,14 +243,26 @@ def pd_grid(setup: FleetSetup, cfg: FleetRunConfig, log: Callable[[str], None] =
             assert best is not None
             winner, reason = pd_reason(colo, best[0], best[1], slo)
             gain = best[0].rate / colo.rate if colo.rate > 0 else math.inf
-            rows.append({
-                "prompt_over_output": ratio, "input_tokens": inp, "output_tokens": out, "slo_scale": scale,
-                "ttft_slo_ms": slo.ttft_ms, "tpot_slo_ms": slo.tpot_ms, "colocated_max_rate": colo.rate,
-                "best_pd": best[1], "pd_max_rate": best[0].rate, "pd_over_colocated": gain, "winner": winner,
-                "reason": reason,
-            })
-            log(f"pd grid ratio {ratio} slo x{scale}: colocated {colo.rate:.3g} req/s, pd {best[1]} "
-                f"{best[0].rate:.3g} req/s -> {winner}")
+            rows.append(
+                {
+                    "prompt_over_output": ratio,
+                    "input_tokens": inp,
+                    "output_tokens": out,
+                    "slo_scale": scale,
+                    "ttft_slo_ms": slo.ttft_ms,
+                    "tpot_slo_ms": slo.tpot_ms,
+                    "colocated_max_rate": colo.rate,
+                    "best_pd": best[1],
+                    "pd_max_rate": best[0].rate,
+                    "pd_over_colocated": gain,
+                    "winner": winner,
+                    "reason": reason,
+                }
+            )
+            log(
+                f"pd grid ratio {ratio} slo x{scale}: colocated {colo.rate:.3g} req/s, pd {best[1]} "
+                f"{best[0].rate:.3g} req/s -> {winner}"
+            )
     return rows
 
 
@@ -209,11 +275,13 @@ def _plots(rec: Any, rows: list[dict[str, Any]], x: str, grid: list[dict[str, An
     series: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         series.setdefault(f"{r['policy']} / {r['router']}", []).append(r)
-    for key, ylabel, fname in (("goodput_req_s", "goodput (req/s within SLO)", "goodput_vs_load.png"),
-                               ("slo_attainment", "SLO attainment", "attainment_vs_load.png"),
-                               ("prefix_hit_rate", "prefix-cache hit rate (tokens)", "prefix_hit_rate.png"),
-                               ("ttft_p99_ms", "TTFT p99 (ms)", "ttft_p99_vs_load.png"),
-                               ("tpot_p99_ms", "TPOT p99 (ms)", "tpot_p99_vs_load.png")):
+    for key, ylabel, fname in (
+        ("goodput_req_s", "goodput (req/s within SLO)", "goodput_vs_load.png"),
+        ("slo_attainment", "SLO attainment", "attainment_vs_load.png"),
+        ("prefix_hit_rate", "prefix-cache hit rate (tokens)", "prefix_hit_rate.png"),
+        ("ttft_p99_ms", "TTFT p99 (ms)", "ttft_p99_vs_load.png"),
+        ("tpot_p99_ms", "TPOT p99 (ms)", "tpot_p99_vs_load.png"),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for name, rs in series.items():
             ax.plot([r[x] for r in rs], [r[key] for r in rs], marker="o", label=name)
@@ -263,9 +331,11 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
         print(f"phase6: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     rec = RunRecord(cfg, job="fleet")
-    rec.print(f"workload {w.source}: {len(w)} requests over {w.duration_s:.1f} s ({w.rate:.3g} req/s), mean input "
-              f"{w.input_tokens.mean():.0f} / output {w.output_tokens.mean():.0f} tokens, dropped {dropped}; "
-              f"KV {setup.limits.kv_blocks} blocks of 512 tokens per replica")
+    rec.print(
+        f"workload {w.source}: {len(w)} requests over {w.duration_s:.1f} s ({w.rate:.3g} req/s), mean input "
+        f"{w.input_tokens.mean():.0f} / output {w.output_tokens.mean():.0f} tokens, dropped {dropped}; "
+        f"KV {setup.limits.kv_blocks} blocks of 512 tokens per replica"
+    )
     closed = cfg.load.mode == "closed"
     loads: list[float] = [float(c) for c in cfg.load.concurrency] if closed else list(cfg.load.rates)
     x = "concurrency" if closed else "rate"
@@ -276,16 +346,24 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
             for load in loads:
                 wl = w if closed else w.at_rate(load)
                 res = setup.run(wl, topo, router, closed=int(load) if closed else None)
-                row = {"policy": topo.name, "router": router, x: load,
-                       **summarize(res, cfg.slo, cfg.hardware)}
+                row = {"policy": topo.name, "router": router, x: load, **summarize(res, cfg.slo, cfg.hardware)}
                 rows.append(row)
-                rec.log({FLEET_RATE: row["offered_rate"], SERVE_GOODPUT_REQ_S: row["goodput_req_s"],
-                         FLEET_SLO_ATTAINMENT: row["slo_attainment"], SERVE_TTFT_MS_P50: row["ttft_p50_ms"],
-                         SERVE_TTFT_MS_P99: row["ttft_p99_ms"], SERVE_TPOT_MS_P50: row["tpot_p50_ms"],
-                         SERVE_TPOT_MS_P99: row["tpot_p99_ms"], SERVE_THROUGHPUT_TOK_S: row["throughput_tok_s"],
-                         FLEET_PREFIX_HIT_RATE: row["prefix_hit_rate"],
-                         FLEET_USD_PER_1M_OUT: row["usd_per_1m_output_tokens"],
-                         FLEET_SIM_REQ_PER_S: len(wl) / max(res.wall_s, 1e-9)}, step=len(rows))
+                rec.log(
+                    {
+                        FLEET_RATE: row["offered_rate"],
+                        SERVE_GOODPUT_REQ_S: row["goodput_req_s"],
+                        FLEET_SLO_ATTAINMENT: row["slo_attainment"],
+                        SERVE_TTFT_MS_P50: row["ttft_p50_ms"],
+                        SERVE_TTFT_MS_P99: row["ttft_p99_ms"],
+                        SERVE_TPOT_MS_P50: row["tpot_p50_ms"],
+                        SERVE_TPOT_MS_P99: row["tpot_p99_ms"],
+                        SERVE_THROUGHPUT_TOK_S: row["throughput_tok_s"],
+                        FLEET_PREFIX_HIT_RATE: row["prefix_hit_rate"],
+                        FLEET_USD_PER_1M_OUT: row["usd_per_1m_output_tokens"],
+                        FLEET_SIM_REQ_PER_S: len(wl) / max(res.wall_s, 1e-9),
+                    },
+                    step=len(rows),
+                )
 
     tables: dict[str, list[dict[str, Any]]] = {}
     # Highest swept load each policy/router serves within the SLO, with its cost.
@@ -294,13 +372,21 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
         for router in cfg.fleet.routers:
             ok = [r for r in rows if r["policy"] == policy and r["router"] == router and meets(r, cfg.slo)]
             top = max(ok, key=lambda r: r[x]) if ok else None
-            best_rows.append({"policy": policy, "router": router, f"max_{x}_within_slo": top[x] if top else 0.0,
-                              "goodput_req_s": top["goodput_req_s"] if top else 0.0,
-                              "prefix_hit_rate": top["prefix_hit_rate"] if top else math.nan,
-                              "num_gpus": top["num_gpus"] if top else math.nan,
-                              "usd_per_1m_good_output_tokens": top["usd_per_1m_good_output_tokens"] if top else math.inf})
-    tables[f"Highest swept {x} within SLO (TTFT <= {cfg.slo.ttft_ms:g} ms and TPOT <= {cfg.slo.tpot_ms:g} ms for "
-           f">= {cfg.slo.attainment:.0%} of requests)"] = best_rows
+            best_rows.append(
+                {
+                    "policy": policy,
+                    "router": router,
+                    f"max_{x}_within_slo": top[x] if top else 0.0,
+                    "goodput_req_s": top["goodput_req_s"] if top else 0.0,
+                    "prefix_hit_rate": top["prefix_hit_rate"] if top else math.nan,
+                    "num_gpus": top["num_gpus"] if top else math.nan,
+                    "usd_per_1m_good_output_tokens": top["usd_per_1m_good_output_tokens"] if top else math.inf,
+                }
+            )
+    tables[
+        f"Highest swept {x} within SLO (TTFT <= {cfg.slo.ttft_ms:g} ms and TPOT <= {cfg.slo.tpot_ms:g} ms for "
+        f">= {cfg.slo.attainment:.0%} of requests)"
+    ] = best_rows
 
     a = cfg.analysis
     if a.target_rate is not None:
@@ -315,13 +401,21 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
 
                 n, row = min_replicas(run_with, cfg.slo, lo, a.max_replicas)
                 topo = scaled_topology(policy, n) if n else None
-                need_rows.append({"policy": policy, "router": router, "rate": a.target_rate,
-                                  "replicas_needed": n if n else f"> {a.max_replicas}",
-                                  "layout": topo.name if topo else "–",
-                                  "gpus": n * cfg.engine.tp if n else math.nan,
-                                  "slo_attainment": row["slo_attainment"] if row else math.nan,
-                                  "usd_per_1m_output_tokens": row["usd_per_1m_output_tokens"] if n and row else math.nan})
-                rec.print(f"replicas needed for {a.target_rate:g} req/s, {policy} / {router}: {need_rows[-1]['replicas_needed']}")
+                need_rows.append(
+                    {
+                        "policy": policy,
+                        "router": router,
+                        "rate": a.target_rate,
+                        "replicas_needed": n if n else f"> {a.max_replicas}",
+                        "layout": topo.name if topo else "–",
+                        "gpus": n * cfg.engine.tp if n else math.nan,
+                        "slo_attainment": row["slo_attainment"] if row else math.nan,
+                        "usd_per_1m_output_tokens": row["usd_per_1m_output_tokens"] if n and row else math.nan,
+                    }
+                )
+                rec.print(
+                    f"replicas needed for {a.target_rate:g} req/s, {policy} / {router}: {need_rows[-1]['replicas_needed']}"
+                )
         tables[f"Replicas needed for {a.target_rate:g} req/s within SLO"] = need_rows
 
     compare_notes = ""
@@ -333,16 +427,30 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
     if a.compare_with:
         from phase6.fleet.compare import compare_serve_bench
 
-        cmp_rows, cmp_skipped = compare_serve_bench(a.compare_with, cfg, setup, a.compare_calibrate,
-                                                     a.compare_lengths)
+        cmp_rows, cmp_skipped = compare_serve_bench(a.compare_with, cfg, setup, a.compare_calibrate, a.compare_lengths)
         tables["Simulated vs measured (serve-bench)"] = cmp_rows
-        shown = ("tp", "concurrency", "requests", "ttft_p50_ms_measured", "ttft_p50_ms_sim", "ttft_err_pct",
-                 "tpot_p50_ms_measured", "tpot_p50_ms_sim", "tpot_err_pct", "throughput_tok_s_measured",
-                 "throughput_tok_s_sim", "within_20pct", "role")
+        shown = (
+            "tp",
+            "concurrency",
+            "requests",
+            "ttft_p50_ms_measured",
+            "ttft_p50_ms_sim",
+            "ttft_err_pct",
+            "tpot_p50_ms_measured",
+            "tpot_p50_ms_sim",
+            "tpot_err_pct",
+            "throughput_tok_s_measured",
+            "throughput_tok_s_sim",
+            "within_20pct",
+            "role",
+        )
         # plain print: a console that wraps at its width would break the table's lines
-        print(f"simulated vs measured ({a.compare_with}):\n" + markdown_table([{k: r[k] for k in shown} for r in cmp_rows])
-              + "".join(f"TP={r['tp']} {r['calibration']}\n" for r in cmp_rows if r["role"].startswith("calibration")),
-              flush=True)
+        print(
+            f"simulated vs measured ({a.compare_with}):\n"
+            + markdown_table([{k: r[k] for k in shown} for r in cmp_rows])
+            + "".join(f"TP={r['tp']} {r['calibration']}\n" for r in cmp_rows if r["role"].startswith("calibration")),
+            flush=True,
+        )
         for why in cmp_skipped:
             rec.print(f"skipped: {why}")
         if cmp_skipped:
@@ -358,10 +466,15 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
     served = [r for r in rows if meets(r, cfg.slo)]
     if served:
         b = min(served, key=lambda r: r["usd_per_1m_good_output_tokens"])
-        cost = run_cost(cfg.hardware, int(b["num_gpus"]), b["duration_s"],
-                        b["throughput_tok_s"] * b["duration_s"])
-        cost.update({"policy": b["policy"], "router": b["router"], x: b[x],
-                     "note": "cheapest row within SLO; tokens = output tokens of the simulated run"})
+        cost = run_cost(cfg.hardware, int(b["num_gpus"]), b["duration_s"], b["throughput_tok_s"] * b["duration_s"])
+        cost.update(
+            {
+                "policy": b["policy"],
+                "router": b["router"],
+                x: b[x],
+                "note": "cheapest row within SLO; tokens = output tokens of the simulated run",
+            }
+        )
     notes = {
         **({"Simulated vs measured": compare_notes} if compare_notes else {}),
         "Definitions": (
@@ -370,12 +483,24 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
             "prefix hit rate = prompt tokens served from cache / all prompt tokens; $ per 1M output tokens = "
             "num_gpus * 1e6 / (3600 * output tok/s) * $/GPU-h (phase6.cost). Step times: "
             f"{cfg.engine.step_time} (model {cfg.model}, tp {cfg.engine.tp}, {cfg.hardware.name}). PD: TTFT ends at "
-            "the prefill replica's first token; the KV transfer delays token 2 (counted in TPOT)."),
+            "the prefill replica's first token; the KV transfer delays token 2 (counted in TPOT)."
+        ),
     }
-    rec.finish([{k: r[k] for k in (*head, *ROW_KEYS)} for r in rows], cost=cost, tables=tables, notes=notes,
-               extra={"workload": {"source": w.source, "requests": len(w), "dropped": dropped,
-                                   "mean_input_tokens": float(w.input_tokens.mean()),
-                                   "mean_output_tokens": float(w.output_tokens.mean()),
-                                   "native_rate_req_s": w.rate},
-                      "kv_blocks_per_replica": setup.limits.kv_blocks})
+    rec.finish(
+        [{k: r[k] for k in (*head, *ROW_KEYS)} for r in rows],
+        cost=cost,
+        tables=tables,
+        notes=notes,
+        extra={
+            "workload": {
+                "source": w.source,
+                "requests": len(w),
+                "dropped": dropped,
+                "mean_input_tokens": float(w.input_tokens.mean()),
+                "mean_output_tokens": float(w.output_tokens.mean()),
+                "native_rate_req_s": w.rate,
+            },
+            "kv_blocks_per_replica": setup.limits.kv_blocks,
+        },
+    )
     return {"rows": rows, "tables": tables}

@@ -133,8 +133,22 @@ def _first_step_reaching(run_s: Callable[[int, int, int], float], d: int, s: int
 
 # ---- requests and replicas -----------------------------------------------------------------------------------------
 class _Req:
-    __slots__ = ("i", "arrival", "n_in", "n_out", "hid", "session", "hit", "m", "done", "pending", "blocks", "private",
-                 "admit_s", "prefill_rep")
+    __slots__ = (
+        "i",
+        "arrival",
+        "n_in",
+        "n_out",
+        "hid",
+        "session",
+        "hit",
+        "m",
+        "done",
+        "pending",
+        "blocks",
+        "private",
+        "admit_s",
+        "prefill_rep",
+    )
 
     def __init__(self, i: int, arrival: float, n_in: int, n_out: int, hid: tuple[int, ...], session: int) -> None:
         self.i, self.arrival, self.n_in, self.n_out, self.hid, self.session = i, arrival, n_in, n_out, hid, session
@@ -458,14 +472,27 @@ class Topology:
 class Simulation:
     """One fleet, one router, one workload. Build, ``run()``, read the :class:`SimResult`."""
 
-    def __init__(self, workload: Workload, model: StepTimeModel, limits: EngineLimits, topology: Topology,
-                 router: str, *, tp: int = 1, kv_transfer_s: Callable[[int], float] | None = None,
-                 engine: str = "simpy", closed_concurrency: int | None = None, macro: bool = True) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        model: StepTimeModel,
+        limits: EngineLimits,
+        topology: Topology,
+        router: str,
+        *,
+        tp: int = 1,
+        kv_transfer_s: Callable[[int], float] | None = None,
+        engine: str = "simpy",
+        closed_concurrency: int | None = None,
+        macro: bool = True,
+    ) -> None:
         if router not in ROUTER_NAMES:
             raise ValueError(f"fleet.routers: unknown router {router!r}; known: {', '.join(ROUTER_NAMES)}")
         if limits.max_batched_tokens < limits.max_num_seqs:
-            raise ValueError(f"engine.max_batched_tokens ({limits.max_batched_tokens}) must be >= engine.max_num_seqs "
-                             f"({limits.max_num_seqs}): every running sequence needs its decode token each step")
+            raise ValueError(
+                f"engine.max_batched_tokens ({limits.max_batched_tokens}) must be >= engine.max_num_seqs "
+                f"({limits.max_num_seqs}): every running sequence needs its decode token each step"
+            )
         if topology.is_pd and kv_transfer_s is None:
             raise ValueError("a PD topology needs a kv_transfer_s(tokens) function")
         self.w, self.model, self.limits, self.topology, self.router = workload, model, limits, topology, router
@@ -505,9 +532,11 @@ class Simulation:
         worst = int(need.max()) if len(need) else 0
         if worst > self.limits.kv_blocks:
             i = int(need.argmax())
-            raise ValueError(f"{w.source}: request {i} needs {worst} KV blocks ({int(w.input_tokens[i])} + "
-                             f"{int(w.output_tokens[i])} tokens) but a replica holds {self.limits.kv_blocks}; "
-                             "drop long requests with workload.max_tokens or use a larger engine.tp")
+            raise ValueError(
+                f"{w.source}: request {i} needs {worst} KV blocks ({int(w.input_tokens[i])} + "
+                f"{int(w.output_tokens[i])} tokens) but a replica holds {self.limits.kv_blocks}; "
+                "drop long requests with workload.max_tokens or use a larger engine.tp"
+            )
 
     # -- bookkeeping for Little's law ---------------------------------------------------------------------------------
     def wait_area_add(self, now: float) -> None:
@@ -620,17 +649,26 @@ class Simulation:
         first = np.asarray(self.first)
         fin = np.asarray(self.fin)
         events = self.loop.events
-        roles = {"colocated": self.front} if not self.topology.is_pd else {"prefill": self.front,
-                                                                           "decode": self.back}
+        roles = {"colocated": self.front} if not self.topology.is_pd else {"prefill": self.front, "decode": self.back}
         horizon = float(np.nanmax(fin)) if len(fin) else 0.0
         little = {"horizon_s": horizon, "area_in_system": self.area_sys, "area_waiting": self.area_wait}
         return SimResult(
-            arrival_s=arrival, first_token_s=first, finish_s=fin, admit_s=np.asarray(self.admit),
-            input_tokens=w.input_tokens.copy(), output_tokens=w.output_tokens.copy(),
-            hit_tokens=np.asarray(self.hits, dtype=np.int64), replica=np.asarray(self.rep, dtype=np.int64), num_gpus=self.topology.replicas * self.tp,
-            replicas={k: len(v) for k, v in roles.items()}, busy_s={k: sum(r.busy_s for r in v) for k, v in roles.items()},
-            events=events, wall_s=wall, little=little,
-            evictions=sum(r.cache.evictions for r in self.front + self.back))
+            arrival_s=arrival,
+            first_token_s=first,
+            finish_s=fin,
+            admit_s=np.asarray(self.admit),
+            input_tokens=w.input_tokens.copy(),
+            output_tokens=w.output_tokens.copy(),
+            hit_tokens=np.asarray(self.hits, dtype=np.int64),
+            replica=np.asarray(self.rep, dtype=np.int64),
+            num_gpus=self.topology.replicas * self.tp,
+            replicas={k: len(v) for k, v in roles.items()},
+            busy_s={k: sum(r.busy_s for r in v) for k, v in roles.items()},
+            events=events,
+            wall_s=wall,
+            little=little,
+            evictions=sum(r.cache.evictions for r in self.front + self.back),
+        )
 
 
 class _TransferDone:
@@ -645,7 +683,8 @@ class _TransferDone:
         self.d.transfer_done(self.r)
 
 
-def simulate(workload: Workload, model: StepTimeModel, limits: EngineLimits, topology: Topology, router: str,
-             **kw: Any) -> SimResult:
+def simulate(
+    workload: Workload, model: StepTimeModel, limits: EngineLimits, topology: Topology, router: str, **kw: Any
+) -> SimResult:
     """Build and run one :class:`Simulation`."""
     return Simulation(workload, model, limits, topology, router, **kw).run()

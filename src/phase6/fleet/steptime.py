@@ -130,19 +130,31 @@ def read_serve_bench_rows(path: str | Path) -> list[dict]:
 
 def efficiency(engine: EngineConfig) -> EfficiencyConfig:
     """The planner's efficiency assumptions, taken from the fleet engine config."""
-    return EfficiencyConfig(prefill_mfu=engine.prefill_mfu, decode_hbm_efficiency=engine.decode_hbm_efficiency,
-                            gpu_memory_utilization=engine.gpu_memory_utilization,
-                            runtime_overhead_gib=engine.runtime_overhead_gib, step_overhead_ms=engine.step_overhead_ms,
-                            prefill_overhead_ms=engine.prefill_overhead_ms)
+    return EfficiencyConfig(
+        prefill_mfu=engine.prefill_mfu,
+        decode_hbm_efficiency=engine.decode_hbm_efficiency,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        runtime_overhead_gib=engine.runtime_overhead_gib,
+        step_overhead_ms=engine.step_overhead_ms,
+        prefill_overhead_ms=engine.prefill_overhead_ms,
+    )
 
 
 def planner_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> ServeCostModel:
     """The planner's serving step-time model for one replica of ``engine.tp`` GPUs."""
     if engine.tp > hardware.gpus_per_node:
-        raise ValueError(f"engine.tp: {engine.tp} exceeds hardware.gpus_per_node {hardware.gpus_per_node} "
-                         "(a replica is one node here)")
-    return ServeCostModel(spec, hardware, tp=engine.tp, efficiency=efficiency(engine),
-                          weight_bytes=engine.bytes_per_param, kv_bytes=engine.kv_bytes_per_elem)
+        raise ValueError(
+            f"engine.tp: {engine.tp} exceeds hardware.gpus_per_node {hardware.gpus_per_node} "
+            "(a replica is one node here)"
+        )
+    return ServeCostModel(
+        spec,
+        hardware,
+        tp=engine.tp,
+        efficiency=efficiency(engine),
+        weight_bytes=engine.bytes_per_param,
+        kv_bytes=engine.kv_bytes_per_elem,
+    )
 
 
 def build_step_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> StepTimeModel:
@@ -157,13 +169,24 @@ def kv_capacity_blocks(spec: ModelSpec, hardware: HardwareConfig, engine: Engine
     """512-token KV blocks one replica holds (planner's serve_memory: utilisation x HBM - weights - overhead)."""
     if engine.kv_blocks is not None:
         return engine.kv_blocks
-    mem = serve_memory(spec, engine.tp, 1, BLOCK_TOKENS, hardware.hbm_gib, engine.gpu_memory_utilization,
-                       engine.runtime_overhead_gib, engine.bytes_per_param, engine.kv_bytes_per_elem)
+    mem = serve_memory(
+        spec,
+        engine.tp,
+        1,
+        BLOCK_TOKENS,
+        hardware.hbm_gib,
+        engine.gpu_memory_utilization,
+        engine.runtime_overhead_gib,
+        engine.bytes_per_param,
+        engine.kv_bytes_per_elem,
+    )
     blocks = int(mem.kv_capacity_tokens // BLOCK_TOKENS)
     if blocks < 1:
-        raise ValueError(f"engine.tp: {spec.name} weights ({mem.weights_bytes / 2**30:.1f} GiB per GPU) leave no KV "
-                         f"memory in {hardware.hbm_gib} GiB x {engine.gpu_memory_utilization} ({hardware.name}); "
-                         "raise engine.tp")
+        raise ValueError(
+            f"engine.tp: {spec.name} weights ({mem.weights_bytes / 2**30:.1f} GiB per GPU) leave no KV "
+            f"memory in {hardware.hbm_gib} GiB x {engine.gpu_memory_utilization} ({hardware.name}); "
+            "raise engine.tp"
+        )
     return blocks
 
 

@@ -68,8 +68,9 @@ class Workload:
         """Same requests with arrival times divided by ``factor``: rate x factor (factor 2 = twice the load)."""
         if not factor > 0:
             raise ValueError(f"workload time scale factor must be > 0, got {factor}")
-        return Workload(self.arrival_s / factor, self.input_tokens, self.output_tokens, self.session, self.hash_ids,
-                        self.source)
+        return Workload(
+            self.arrival_s / factor, self.input_tokens, self.output_tokens, self.session, self.hash_ids, self.source
+        )
 
     def at_rate(self, rate: float) -> Workload:
         """Same requests rescaled in time to a mean arrival rate of ``rate`` requests/s."""
@@ -80,8 +81,9 @@ class Workload:
     def head(self, n: int) -> Workload:
         """The first ``n`` requests."""
         hid = None if self.hash_ids is None else self.hash_ids[:n]
-        return Workload(self.arrival_s[:n], self.input_tokens[:n], self.output_tokens[:n], self.session[:n], hid,
-                        self.source)
+        return Workload(
+            self.arrival_s[:n], self.input_tokens[:n], self.output_tokens[:n], self.session[:n], hid, self.source
+        )
 
     def repeated(self, times: int) -> Workload:
         """The trace played ``times`` times back to back (one mean gap between copies), prefix ids kept distinct."""
@@ -98,9 +100,14 @@ class Workload:
         hid = None
         if self.hash_ids is not None:
             hid = [tuple(b + k * id_off for b in h) for k in range(times) for h in self.hash_ids]
-        return Workload(arr, np.tile(self.input_tokens, times), np.tile(self.output_tokens, times),
-                        np.concatenate([self.session + k * sess_off for k in range(times)]), hid,
-                        f"{self.source} x{times}")
+        return Workload(
+            arr,
+            np.tile(self.input_tokens, times),
+            np.tile(self.output_tokens, times),
+            np.concatenate([self.session + k * sess_off for k in range(times)]),
+            hid,
+            f"{self.source} x{times}",
+        )
 
     def filtered(self, max_tokens: int) -> tuple[Workload, int]:
         """Drop requests whose prompt + output exceed ``max_tokens``; returns (workload, number dropped)."""
@@ -112,8 +119,9 @@ class Workload:
         hid = None if self.hash_ids is None else [self.hash_ids[i] for i in idx]
         arr = self.arrival_s[idx]
         arr = arr - arr[0] if len(arr) else arr
-        return Workload(arr, self.input_tokens[idx], self.output_tokens[idx], self.session[idx], hid,
-                        self.source), dropped
+        return Workload(
+            arr, self.input_tokens[idx], self.output_tokens[idx], self.session[idx], hid, self.source
+        ), dropped
 
 
 def _check_lengths(path: Path, line: int, inp: object, out: object) -> None:
@@ -169,16 +177,20 @@ def iter_mooncake(path: str | Path) -> Iterator[TraceRow]:
             if not math.isfinite(t_s) or t_s < 0:
                 raise ValueError(f"{path}:{line_no}: timestamp must be finite and >= 0 ms, got {t!r}")
             if t_s < prev:
-                raise ValueError(f"{path}:{line_no}: timestamps not sorted ({t!r} ms after {prev * 1000:g} ms); "
-                                 "sort the trace by arrival")
+                raise ValueError(
+                    f"{path}:{line_no}: timestamps not sorted ({t!r} ms after {prev * 1000:g} ms); "
+                    "sort the trace by arrival"
+                )
             _check_lengths(path, line_no, row["input_length"], row["output_length"])
             h = row["hash_ids"]
             if not isinstance(h, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in h):
                 raise ValueError(f"{path}:{line_no}: hash_ids must be a list of integers")
             if len(h) != math.ceil(row["input_length"] / BLOCK_TOKENS):
-                raise ValueError(f"{path}:{line_no}: hash_ids has {len(h)} blocks but input_length "
-                                 f"{row['input_length']} needs ceil(/{BLOCK_TOKENS}) = "
-                                 f"{math.ceil(row['input_length'] / BLOCK_TOKENS)}")
+                raise ValueError(
+                    f"{path}:{line_no}: hash_ids has {len(h)} blocks but input_length "
+                    f"{row['input_length']} needs ceil(/{BLOCK_TOKENS}) = "
+                    f"{math.ceil(row['input_length'] / BLOCK_TOKENS)}"
+                )
             prev = t_s
             yield TraceRow(line_no, t_s, row["input_length"], row["output_length"], tuple(h))
 
@@ -227,16 +239,21 @@ def iter_azure(path: str | Path) -> Iterator[TraceRow]:
             try:
                 t = _parse_azure_time(vals[0])
             except ValueError:
-                raise ValueError(f"{path}:{line_no}: TIMESTAMP {vals[0]!r} is not 'YYYY-MM-DD HH:MM:SS[.frac]'") from None
+                raise ValueError(
+                    f"{path}:{line_no}: TIMESTAMP {vals[0]!r} is not 'YYYY-MM-DD HH:MM:SS[.frac]'"
+                ) from None
             try:
                 a, b = int(vals[1]), int(vals[2])
             except ValueError:
-                raise ValueError(f"{path}:{line_no}: ContextTokens/GeneratedTokens must be integers, got "
-                                 f"{vals[1]!r}, {vals[2]!r}") from None
+                raise ValueError(
+                    f"{path}:{line_no}: ContextTokens/GeneratedTokens must be integers, got {vals[1]!r}, {vals[2]!r}"
+                ) from None
             _check_lengths(path, line_no, a, b)
             if t < prev:
-                raise ValueError(f"{path}:{line_no}: timestamps not sorted ({vals[0]} is earlier than the row "
-                                 f"before); sort the trace by arrival")
+                raise ValueError(
+                    f"{path}:{line_no}: timestamps not sorted ({vals[0]} is earlier than the row "
+                    f"before); sort the trace by arrival"
+                )
             prev = t
             yield TraceRow(line_no, t, a, b, None)
 
@@ -252,8 +269,14 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> Workload:
     arr = np.asarray([r.time_s for r in rows], dtype=np.float64)
     hid = [r.hash_ids or () for r in rows]
     sess = np.asarray([h[0] if h else -1 - i for i, h in enumerate(hid)], dtype=np.int64)
-    return Workload(arr - arr[0], np.asarray([r.input_tokens for r in rows], dtype=np.int64),
-                    np.asarray([r.output_tokens for r in rows], dtype=np.int64), sess, hid, str(path))
+    return Workload(
+        arr - arr[0],
+        np.asarray([r.input_tokens for r in rows], dtype=np.int64),
+        np.asarray([r.output_tokens for r in rows], dtype=np.int64),
+        sess,
+        hid,
+        str(path),
+    )
 
 
 def load_azure(path: str | Path, limit: int | None = None) -> Workload:
@@ -265,9 +288,14 @@ def load_azure(path: str | Path, limit: int | None = None) -> Workload:
     if not rows:
         raise ValueError(f"{path}: trace has no requests")
     arr = np.asarray([r.time_s for r in rows], dtype=np.float64)
-    return Workload(arr - arr[0], np.asarray([r.input_tokens for r in rows], dtype=np.int64),
-                    np.asarray([r.output_tokens for r in rows], dtype=np.int64), np.arange(len(rows), dtype=np.int64),
-                    None, str(path))
+    return Workload(
+        arr - arr[0],
+        np.asarray([r.input_tokens for r in rows], dtype=np.int64),
+        np.asarray([r.output_tokens for r in rows], dtype=np.int64),
+        np.arange(len(rows), dtype=np.int64),
+        None,
+        str(path),
+    )
 
 
 @dataclass
@@ -311,8 +339,10 @@ def synthetic(
         raise ValueError("workload.classes must list at least one request class")
     for i, c in enumerate(classes):
         if not (1 <= c.input_min <= c.input_max and 1 <= c.output_min <= c.output_max and c.weight > 0):
-            raise ValueError(f"workload.classes[{i}]: need weight > 0, 1 <= input_min <= input_max, "
-                             f"1 <= output_min <= output_max; got {c}")
+            raise ValueError(
+                f"workload.classes[{i}]: need weight > 0, 1 <= input_min <= input_max, "
+                f"1 <= output_min <= output_max; got {c}"
+            )
     if not burstiness > 0:
         raise ValueError(f"workload.burstiness must be > 0, got {burstiness}")
     if turns < 1:
@@ -393,11 +423,18 @@ def synthetic(
             ctx = n_in + int(out[i])
     order = np.argsort(arr, kind="stable")
     arr = arr[order]
-    return Workload(arr - arr[0], inp[order], out[order].astype(np.int64), sess[order], [hid[i] for i in order],
-                    f"synthetic(n={num_requests}, rate={rate}, seed={seed})")
+    return Workload(
+        arr - arr[0],
+        inp[order],
+        out[order].astype(np.int64),
+        sess[order],
+        [hid[i] for i in order],
+        f"synthetic(n={num_requests}, rate={rate}, seed={seed})",
+    )
 
 
 def fixed_lengths(num_requests: int, rate: float, input_tokens: int, output_tokens: int, seed: int) -> Workload:
     """Poisson arrivals of identical requests without shared prefixes (used by the M/D/1 and PD-grid runs)."""
-    return synthetic(num_requests, rate, [RequestClass(1.0, input_tokens, input_tokens, output_tokens,
-                                                       output_tokens)], seed)
+    return synthetic(
+        num_requests, rate, [RequestClass(1.0, input_tokens, input_tokens, output_tokens, output_tokens)], seed
+    )

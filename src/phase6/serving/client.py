@@ -77,8 +77,16 @@ def run_precise(coro: Coroutine[Any, Any, T]) -> T:
             loop.close()
 
 
-def request_body(req: BenchRequest, *, engine: str, api: str, model: str, fix_output_len: bool,
-                 temperature: float, extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+def request_body(
+    req: BenchRequest,
+    *,
+    engine: str,
+    api: str,
+    model: str,
+    fix_output_len: bool,
+    temperature: float,
+    extra_body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """OpenAI-compatible streaming body with the per-engine fields each server accepts.
 
     transformers serve answers HTTP 422 to unknown fields (``ignore_eos``), ignores ``stream_options`` and puts
@@ -96,8 +104,7 @@ def request_body(req: BenchRequest, *, engine: str, api: str, model: str, fix_ou
             body["ignore_eos"] = True
     elif engine == "transformers":
         if fix_output_len:
-            body["generation_config"] = json.dumps({"min_new_tokens": req.output_len,
-                                                    "max_new_tokens": req.output_len})
+            body["generation_config"] = json.dumps({"min_new_tokens": req.output_len, "max_new_tokens": req.output_len})
     else:  # any OpenAI-compatible server: standard fields only; engine knobs go through extra_body
         body["stream_options"] = {"include_usage": True}
     body.update(extra_body or {})
@@ -189,14 +196,28 @@ class RequestResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "index": self.index, "ok": self.ok, "error": self.error, "status": self.status,
-            "scheduled_s": self.scheduled_s, "dispatch_s": self.dispatch_s, "send_s": self.send_s,
-            "end_s": self.end_s, "ttft_s": self.ttft_s, "e2e_s": self.e2e_s, "tpot_s": self.tpot_s,
-            "queue_s": self.queue_s, "dispatch_lag_s": self.dispatch_lag_s, "prompt_len": self.prompt_len,
-            "prompt_tokens": self.prompt_tokens, "requested_output_len": self.requested_output_len,
-            "output_tokens": self.output_tokens, "tokens_source": self.tokens_source,
-            "retokenized_tokens": self.retokenized_tokens, "chunk_tokens_source": self.chunk_tokens_source,
-            "finish_reason": self.finish_reason, "chunk_times_s": self.chunk_times_s,
+            "index": self.index,
+            "ok": self.ok,
+            "error": self.error,
+            "status": self.status,
+            "scheduled_s": self.scheduled_s,
+            "dispatch_s": self.dispatch_s,
+            "send_s": self.send_s,
+            "end_s": self.end_s,
+            "ttft_s": self.ttft_s,
+            "e2e_s": self.e2e_s,
+            "tpot_s": self.tpot_s,
+            "queue_s": self.queue_s,
+            "dispatch_lag_s": self.dispatch_lag_s,
+            "prompt_len": self.prompt_len,
+            "prompt_tokens": self.prompt_tokens,
+            "requested_output_len": self.requested_output_len,
+            "output_tokens": self.output_tokens,
+            "tokens_source": self.tokens_source,
+            "retokenized_tokens": self.retokenized_tokens,
+            "chunk_tokens_source": self.chunk_tokens_source,
+            "finish_reason": self.finish_reason,
+            "chunk_times_s": self.chunk_times_s,
             "chunk_tokens": self.chunk_tokens,
         }
 
@@ -325,15 +346,27 @@ def _raise_nofile_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
-async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: list[float],
-                       concurrency: int | None, *, connect_timeout_s: float = 10.0, read_timeout_s: float = 120.0,
-                       request_timeout_s: float = 1800.0, deadline_s: float | None = None,
-                       abort_check: Callable[[], str | None] | None = None, tokenizer: TokenizerLike | None = None,
-                       requests: list[BenchRequest] | None = None, warmup_bodies: list[bytes] | None = None,
-                       send_time_header: bool = False, stall_after: int | None = None,
-                       on_start: Callable[[float], None] | None = None,
-                       on_progress: Callable[[int, int, int], None] | None = None,
-                       progress_every_s: float = 10.0) -> RunOutcome:
+async def run_requests(
+    base_url: str,
+    api: str,
+    bodies: list[bytes],
+    schedule: list[float],
+    concurrency: int | None,
+    *,
+    connect_timeout_s: float = 10.0,
+    read_timeout_s: float = 120.0,
+    request_timeout_s: float = 1800.0,
+    deadline_s: float | None = None,
+    abort_check: Callable[[], str | None] | None = None,
+    tokenizer: TokenizerLike | None = None,
+    requests: list[BenchRequest] | None = None,
+    warmup_bodies: list[bytes] | None = None,
+    send_time_header: bool = False,
+    stall_after: int | None = None,
+    on_start: Callable[[float], None] | None = None,
+    on_progress: Callable[[int, int, int], None] | None = None,
+    progress_every_s: float = 10.0,
+) -> RunOutcome:
     """Send ``bodies[i]`` at ``schedule[i]`` seconds (gated by ``concurrency``) and collect every stream.
 
     ``warmup_bodies`` run first, closed loop at the same concurrency and over the same connection pool (so the
@@ -383,13 +416,13 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
                 async for data in resp.content.iter_any():
                     now = perf() - st
                     buf += data
-                    if b"\r" in buf[-len(data) - 1:]:
+                    if b"\r" in buf[-len(data) - 1 :]:
                         buf = buf.replace(b"\r\n", b"\n")
                     while True:
                         cut = buf.find(b"\n\n")
                         if cut < 0:
                             break
-                        event, buf = buf[:cut], buf[cut + 2:]
+                        event, buf = buf[:cut], buf[cut + 2 :]
                         _parse_event(event, now, r, s)
                 if buf.strip():
                     _parse_event(buf.strip(b"\n"), perf() - st, r, s)
@@ -403,8 +436,10 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
             r.error = str(e)
         except asyncio.TimeoutError:
             silent = perf() - st - (r.chunk_times_s[-1] if r.chunk_times_s else 0.0)
-            r.error = (f"timeout: no data for {silent:.1f} s (read timeout {read_timeout_s:g} s, total "
-                       f"{request_timeout_s:g} s)")
+            r.error = (
+                f"timeout: no data for {silent:.1f} s (read timeout {read_timeout_s:g} s, total "
+                f"{request_timeout_s:g} s)"
+            )
         except aiohttp.ClientError as e:
             r.error = f"{type(e).__name__}: {str(e)[:200]}"
         finally:
@@ -461,8 +496,9 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
     thresholds = gc.get_threshold()
     gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
     try:
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                         headers={"Content-Type": "application/json"}) as session:
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, headers={"Content-Type": "application/json"}
+        ) as session:
             if warmup_bodies:
                 t_w = perf()
                 warm_sem = asyncio.Semaphore(concurrency or len(warmup_bodies))
@@ -500,14 +536,23 @@ async def run_requests(base_url: str, api: str, bodies: list[bytes], schedule: l
     assert all(r.sent for r in results if r.ok) and all(r.dispatched for r in sent)
     first = min((r.dispatch_s for r in sent), default=0.0)
     last = max((r.end_s for r in sent), default=first)
-    return RunOutcome(results, last - first, first, abort[0] if abort else None,
-                      warmup_failed=sum(not r.ok for r in warm_results))
+    return RunOutcome(
+        results, last - first, first, abort[0] if abort else None, warmup_failed=sum(not r.ok for r in warm_results)
+    )
 
 
-def run_benchmark(base_url: str, api: str, bodies: list[dict[str, Any]], schedule: list[float],
-                  concurrency: int | None, warmup: list[dict[str, Any]] | None = None, **kwargs: Any) -> RunOutcome:
+def run_benchmark(
+    base_url: str,
+    api: str,
+    bodies: list[dict[str, Any]],
+    schedule: list[float],
+    concurrency: int | None,
+    warmup: list[dict[str, Any]] | None = None,
+    **kwargs: Any,
+) -> RunOutcome:
     """Synchronous wrapper: serialize bodies before the clock starts, then run one event loop."""
     encoded = [json.dumps(b).encode() for b in bodies]
     warm = [json.dumps(b).encode() for b in warmup or []]
-    return run_precise(run_requests(base_url, api, encoded, [float(s) for s in schedule], concurrency,
-                                    warmup_bodies=warm, **kwargs))
+    return run_precise(
+        run_requests(base_url, api, encoded, [float(s) for s in schedule], concurrency, warmup_bodies=warm, **kwargs)
+    )

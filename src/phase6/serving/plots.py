@@ -66,8 +66,9 @@ def plot_timeseries(outcome: RunOutcome, t0_monotonic: float, telemetry_path: Pa
             axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"server {key}")
     axes[0].set_ylabel("requests")
     axes[0].legend(fontsize=8)
-    kv = [(s["t"] - t0_monotonic, 100 * s["values"]["kv_cache_usage"]) for s in metrics
-          if "kv_cache_usage" in s["values"]]
+    kv = [
+        (s["t"] - t0_monotonic, 100 * s["values"]["kv_cache_usage"]) for s in metrics if "kv_cache_usage" in s["values"]
+    ]
     if kv:
         axes[1].plot([p[0] for p in kv], [p[1] for p in kv], marker=".")
     axes[1].set_ylabel("KV cache used (%)")
@@ -111,8 +112,9 @@ def plot_vs_load(rows: list[dict[str, Any]], path: Path) -> Path:
         axes[1].plot(x, [r.get("ttft_p50_ms") for r in rs], marker="o", color=c, label=f"{label} p50")
         axes[1].plot(x, [r.get("ttft_p99_ms") for r in rs], marker="x", color=c, linestyle="--", label=f"{label} p99")
         axes[2].plot(x, [r.get("tpot_p50_ms") for r in rs], marker="o", color=c, label=f"{label} TPOT p50")
-        axes[2].plot(x, [r.get("itl_p99_ms") for r in rs], marker="x", color=c, linestyle="--",
-                     label=f"{label} ITL p99")
+        axes[2].plot(
+            x, [r.get("itl_p99_ms") for r in rs], marker="x", color=c, linestyle="--", label=f"{label} ITL p99"
+        )
     for ax, title in zip(axes, ("output tok/s", "TTFT (ms)", "TPOT p50 / ITL p99 (ms)"), strict=True):
         ax.set_xlabel(x_key)
         ax.set_title(title, fontsize=9)

@@ -47,8 +47,16 @@ USAGE_MODES = ("final", "continuous", "none")
 
 def validate_script(s: dict[str, Any], where: str) -> dict[str, Any]:
     """Fill defaults and check one script; ValueError names the script and key."""
-    out = {"ttft_s": 0.0, "gaps_s": [], "tokens": None, "usage": "final", "done": True, "fault": None,
-           "fault_at": 0, **s}
+    out = {
+        "ttft_s": 0.0,
+        "gaps_s": [],
+        "tokens": None,
+        "usage": "final",
+        "done": True,
+        "fault": None,
+        "fault_at": 0,
+        **s,
+    }
     if out["tokens"] is None:
         out["tokens"] = [1] * (len(out["gaps_s"]) + 1)
     if len(out["tokens"]) != len(out["gaps_s"]) + 1:
@@ -69,8 +77,14 @@ def load_scripts(path: str | Path) -> list[dict[str, Any]]:
     return [validate_script(s, f"{path}: script {i}") for i, s in enumerate(data)]
 
 
-def random_scripts(n: int, seed: int, ttft_s: tuple[float, float] = (0.02, 0.2), gap_s: tuple[float, float] = (0.02, 0.1),
-                   chunks: tuple[int, int] = (8, 20), max_tokens_per_chunk: int = 3) -> list[dict[str, Any]]:
+def random_scripts(
+    n: int,
+    seed: int,
+    ttft_s: tuple[float, float] = (0.02, 0.2),
+    gap_s: tuple[float, float] = (0.02, 0.1),
+    chunks: tuple[int, int] = (8, 20),
+    max_tokens_per_chunk: int = 3,
+) -> list[dict[str, Any]]:
     """``n`` seeded scripts: uniform TTFT and gaps (rounded to 0.1 ms), 1..k tokens per chunk, half of them with
     usage in every chunk (vLLM) and half with usage only at the end (transformers), a third without [DONE]."""
     import numpy as np
@@ -79,10 +93,15 @@ def random_scripts(n: int, seed: int, ttft_s: tuple[float, float] = (0.02, 0.2),
     out = []
     for i in range(n):
         m = int(rng.integers(chunks[0], chunks[1]))
-        out.append({"ttft_s": round(float(rng.uniform(*ttft_s)), 4),
-                    "gaps_s": rng.uniform(*gap_s, m - 1).round(4).tolist(),
-                    "tokens": rng.integers(1, max_tokens_per_chunk + 1, m).tolist(),
-                    "usage": "continuous" if i % 2 else "final", "done": bool(i % 3)})
+        out.append(
+            {
+                "ttft_s": round(float(rng.uniform(*ttft_s)), 4),
+                "gaps_s": rng.uniform(*gap_s, m - 1).round(4).tolist(),
+                "tokens": rng.integers(1, max_tokens_per_chunk + 1, m).tolist(),
+                "usage": "continuous" if i % 2 else "final",
+                "done": bool(i % 3),
+            }
+        )
     return out
 
 
@@ -131,8 +150,11 @@ def build_app(scripts: list[dict[str, Any]]) -> web.Application:
 
         def event(choice: str, usage: int | None = None) -> bytes:
             # formatted by hand: json.dumps per chunk would dominate this server's CPU at 256 streams
-            tail = "]" if usage is None else (f'], "usage": {{"prompt_tokens": 7, "completion_tokens": {usage}, '
-                                               f'"total_tokens": {7 + usage}}}')
+            tail = (
+                "]"
+                if usage is None
+                else (f'], "usage": {{"prompt_tokens": 7, "completion_tokens": {usage}, "total_tokens": {7 + usage}}}')
+            )
             return f"{head}{choice}{tail}}}\n\n".encode()
 
         def piece(text: str, finish: str | None = None) -> str:
@@ -202,9 +224,17 @@ def build_app(scripts: list[dict[str, Any]]) -> web.Application:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     app = web.Application()
-    app.add_routes([web.post("/v1/chat/completions", complete), web.post("/v1/completions", complete),
-                    web.get("/health", health), web.get("/v1/models", models), web.get("/version", version),
-                    web.get("/metrics", metrics), web.get("/lateness", lateness)])
+    app.add_routes(
+        [
+            web.post("/v1/chat/completions", complete),
+            web.post("/v1/completions", complete),
+            web.get("/health", health),
+            web.get("/v1/models", models),
+            web.get("/version", version),
+            web.get("/metrics", metrics),
+            web.get("/lateness", lateness),
+        ]
+    )
     return app
 
 
@@ -250,8 +280,14 @@ def start(scripts: list[dict[str, Any]], workdir: Path, port: int = 0, timeout_s
     cmd = [sys.executable, "-m", "phase6.serving.scripted_server", "--port", str(port), "--scripts", str(path)]
     log_path = workdir / "scripted_server.log"
     with log_path.open("ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=module_env())
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=module_env(),
+        )
     srv = Server("scripted", f"http://127.0.0.1:{port}", "scripted", cmd, log_path, proc)
     srv.wait_ready(timeout_s)
     return srv

@@ -94,8 +94,10 @@ def build_command(cfg: ServeConfig, model: str, port: int) -> list[str]:
     launcher = list(cfg.launcher) if cfg.launcher else list(LAUNCHERS[cfg.engine])
     launcher[0] = _resolve(launcher[0])
     if os.sep not in launcher[0]:
-        raise ValueError(f"serve.launcher: {launcher[0]!r} is not installed here (not next to {sys.executable} "
-                         f"nor on PATH); install {cfg.engine} or set serve.launcher=[/path/to/{launcher[0]}, ...]")
+        raise ValueError(
+            f"serve.launcher: {launcher[0]!r} is not installed here (not next to {sys.executable} "
+            f"nor on PATH); install {cfg.engine} or set serve.launcher=[/path/to/{launcher[0]}, ...]"
+        )
     common = ["--host", cfg.host, "--port", str(port)]
     if cfg.engine == "vllm":
         cmd = [*launcher, model, *common, "--tensor-parallel-size", str(cfg.tp), "--dtype", cfg.dtype]
@@ -104,8 +106,17 @@ def build_command(cfg: ServeConfig, model: str, port: int) -> list[str]:
         if cfg.served_model_name:
             cmd += ["--served-model-name", cfg.served_model_name]
     elif cfg.engine == "sglang":
-        cmd = [*launcher, "--model-path", model, *common, "--tp-size", str(cfg.tp), "--dtype", cfg.dtype,
-               "--enable-metrics"]
+        cmd = [
+            *launcher,
+            "--model-path",
+            model,
+            *common,
+            "--tp-size",
+            str(cfg.tp),
+            "--dtype",
+            cfg.dtype,
+            "--enable-metrics",
+        ]
         if cfg.max_model_len:
             cmd += ["--context-length", str(cfg.max_model_len)]
         if cfg.served_model_name:
@@ -206,8 +217,10 @@ class Server:
         while time.perf_counter() - t0 < timeout_s:
             died = self.exited()
             if died:
-                raise RuntimeError(f"{self.engine} {died} during startup; log {self.log_path}:\n"
-                                   f"{log_tail(self.log_path) if self.log_path else ''}")
+                raise RuntimeError(
+                    f"{self.engine} {died} during startup; log {self.log_path}:\n"
+                    f"{log_tail(self.log_path) if self.log_path else ''}"
+                )
             ok, detail = probe_ready(self.base_url)
             if ok:
                 self.model_id = detail
@@ -217,8 +230,9 @@ class Server:
             time.sleep(0.5)
         tail = log_tail(self.log_path) if self.log_path else "(external endpoint, no log)"
         self.stop()
-        raise RuntimeError(f"{self.engine} at {self.base_url} not ready after {timeout_s:.0f} s (last: {detail}); "
-                           f"log tail:\n{tail}")
+        raise RuntimeError(
+            f"{self.engine} at {self.base_url} not ready after {timeout_s:.0f} s (last: {detail}); log tail:\n{tail}"
+        )
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``; return when the group is gone.
@@ -240,11 +254,18 @@ class Server:
         self.proc.wait(timeout=10)
 
     def info(self) -> dict[str, Any]:
-        return {"engine": self.engine, "version": self.version, "base_url": self.base_url, "model": self.model,
-                "model_id": self.model_id,
-                "command": self.command, "log": str(self.log_path) if self.log_path else None,
-                "startup_s": self.startup_s, "managed": self.proc is not None,
-                "pid": self.proc.pid if self.proc is not None else None}
+        return {
+            "engine": self.engine,
+            "version": self.version,
+            "base_url": self.base_url,
+            "model": self.model,
+            "model_id": self.model_id,
+            "command": self.command,
+            "log": str(self.log_path) if self.log_path else None,
+            "startup_s": self.startup_s,
+            "managed": self.proc is not None,
+            "pid": self.proc.pid if self.proc is not None else None,
+        }
 
 
 def launch(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | None = None) -> Server:
@@ -256,8 +277,9 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | N
     with log_path.open("ab") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=full_env)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=full_env
+        )
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     return Server(cfg.engine, f"http://{host}:{port}", model, cmd, log_path, proc, key=cfg.launch_key())
 
@@ -280,8 +302,9 @@ def cached(cfg: ServeConfig) -> Server | None:
     return srv if srv is not None and srv.exited() is None else None
 
 
-def acquire(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | None = None,
-            wait: bool = True) -> tuple[Server, bool]:
+def acquire(
+    cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | None = None, wait: bool = True
+) -> tuple[Server, bool]:
     """A server for ``cfg``: (server, reused). External endpoints are probed, never launched.
 
     ``wait=False`` returns a freshly launched server before it is ready (call ``wait_ready`` after preparing the

@@ -22,9 +22,24 @@ from phase6.config.serve import SLOConfig
 from phase6.cost import gpu_hours_per_1m_tokens, usd_per_1m_tokens
 from phase6.serving.client import RequestResult, RunOutcome
 
-ROW_KEYS = ("engine", "tp", "concurrency", "request_rate", "throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms",
-            "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "goodput_req_s",
-            "gpu_hours_per_1m_output_tokens", "usd_per_1m_output_tokens", "completed", "failed")
+ROW_KEYS = (
+    "engine",
+    "tp",
+    "concurrency",
+    "request_rate",
+    "throughput_tok_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "goodput_req_s",
+    "gpu_hours_per_1m_output_tokens",
+    "usd_per_1m_output_tokens",
+    "completed",
+    "failed",
+)
 EXTRA_ROW_KEYS = ("output_tok_s", "total_tok_s", "req_s")
 
 
@@ -45,8 +60,17 @@ def is_good(r: RequestResult, slo: SLOConfig) -> bool:
     return not (slo.e2e_ms is not None and not r.e2e_s * 1e3 <= slo.e2e_ms)
 
 
-def summarize(outcome: RunOutcome, *, engine: str, tp: int, concurrency: int | None, request_rate: float | None,
-              num_gpus: int, usd_per_gpu_hour: float, slo: SLOConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+def summarize(
+    outcome: RunOutcome,
+    *,
+    engine: str,
+    tp: int,
+    concurrency: int | None,
+    request_rate: float | None,
+    num_gpus: int,
+    usd_per_gpu_hour: float,
+    slo: SLOConfig,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(row, details): the table row (``ROW_KEYS`` + ``EXTRA_ROW_KEYS``) and every other measured number."""
     ok = [r for r in outcome.results if r.ok]
     sent = [r for r in outcome.results if r.sent]
@@ -67,8 +91,11 @@ def summarize(outcome: RunOutcome, *, engine: str, tp: int, concurrency: int | N
     open_loop = len({r.scheduled_s for r in outcome.results}) > 1  # closed loop queues everything at t = 0
     offered = (len(arrived) - 1) / span if open_loop and len(arrived) > 1 and span > 0 else math.nan
     errors = Counter(r.error.split(":")[0] for r in sent if not r.ok)
-    retok = [(r.retokenized_tokens, r.output_tokens) for r in ok
-             if r.retokenized_tokens is not None and r.tokens_source == "usage" and r.output_tokens > 0]
+    retok = [
+        (r.retokenized_tokens, r.output_tokens)
+        for r in ok
+        if r.retokenized_tokens is not None and r.tokens_source == "usage" and r.output_tokens > 0
+    ]
     row: dict[str, Any] = {  # the issue's exact keys first
         "engine": engine,
         "tp": tp,
@@ -111,8 +138,9 @@ def summarize(outcome: RunOutcome, *, engine: str, tp: int, concurrency: int | N
         "input_tokens": in_tok,
         "mean_output_tokens": out_tok / len(ok) if ok else math.nan,
         "tokens_from_usage_pct": 100.0 * sum(r.tokens_source == "usage" for r in ok) / len(ok) if ok else math.nan,
-        "usage_vs_tokenizer_diff_pct": (100.0 * sum(abs(a - b) for a, b in retok) / sum(b for _, b in retok)
-                                        if retok else math.nan),
+        "usage_vs_tokenizer_diff_pct": (
+            100.0 * sum(abs(a - b) for a, b in retok) / sum(b for _, b in retok) if retok else math.nan
+        ),
         "slo": slo.describe(),
         "errors": dict(errors),
         "abort_reason": outcome.abort_reason,

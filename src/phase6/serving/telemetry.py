@@ -52,7 +52,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
         if name_end < 0:
             continue
         name = line[:name_end]
-        rest = line[line.rfind("}") + 1:] if "{" in line[:name_end + 1] else line[name_end:]
+        rest = line[line.rfind("}") + 1 :] if "{" in line[: name_end + 1] else line[name_end:]
         parts = rest.split()
         if not parts:
             continue
@@ -91,13 +91,13 @@ def _nvml_sample(nv: Any, handles: list[Any]) -> list[dict[str, Any]]:
         power = math.nan
         with contextlib.suppress(Exception):
             power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
-        gpus.append({"index": i, "util_pct": float(util.gpu), "mem_used_gib": mem.used / 2**30,
-                     "power_w": power})
+        gpus.append({"index": i, "util_pct": float(util.gpu), "mem_used_gib": mem.used / 2**30, "power_w": power})
     return gpus
 
 
-def sample_loop(out: Path, metrics_url: str | None, metrics_interval_s: float, nvml_interval_s: float,
-                stop: threading.Event) -> None:
+def sample_loop(
+    out: Path, metrics_url: str | None, metrics_interval_s: float, nvml_interval_s: float, stop: threading.Event
+) -> None:
     """Write samples to ``out`` until ``stop`` is set."""
     nv, handles, nvml_status = _nvml_open()
     metrics_status = "unavailable: no URL" if metrics_url is None else "ok"
@@ -124,11 +124,15 @@ def sample_loop(out: Path, metrics_url: str | None, metrics_interval_s: float, n
                 with contextlib.suppress(httpx.HTTPError):
                     r = client.get(metrics_url)
                     if r.status_code == 200:
-                        f.write(json.dumps({"kind": "metrics", "t": time.monotonic(),
-                                            "values": parse_prometheus(r.text)}) + "\n")
+                        f.write(
+                            json.dumps({"kind": "metrics", "t": time.monotonic(), "values": parse_prometheus(r.text)})
+                            + "\n"
+                        )
                 next_metrics += metrics_interval_s
-            wake = min([x for x, on in ((next_nvml, nv is not None), (next_metrics, metrics_status == "ok")) if on],
-                       default=now + 0.5)
+            wake = min(
+                [x for x, on in ((next_nvml, nv is not None), (next_metrics, metrics_status == "ok")) if on],
+                default=now + 0.5,
+            )
             stop.wait(max(0.0, wake - time.monotonic()))
     client.close()
     if nv is not None:
@@ -139,11 +143,21 @@ def sample_loop(out: Path, metrics_url: str | None, metrics_interval_s: float, n
 class Sampler:
     """The sampler process around a measured run: ``start()`` before, ``stop()`` after, then ``summary()``."""
 
-    def __init__(self, out: Path, metrics_url: str | None, metrics_interval_s: float = 1.0,
-                 nvml_interval_s: float = 0.5) -> None:
+    def __init__(
+        self, out: Path, metrics_url: str | None, metrics_interval_s: float = 1.0, nvml_interval_s: float = 0.5
+    ) -> None:
         self.out = out
-        self.cmd = [sys.executable, "-m", "phase6.serving.telemetry", "--out", str(out),
-                    "--metrics-interval", str(metrics_interval_s), "--nvml-interval", str(nvml_interval_s)]
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "phase6.serving.telemetry",
+            "--out",
+            str(out),
+            "--metrics-interval",
+            str(metrics_interval_s),
+            "--nvml-interval",
+            str(nvml_interval_s),
+        ]
         if metrics_url:
             self.cmd += ["--metrics-url", metrics_url]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -154,15 +168,17 @@ class Sampler:
 
         log = self.out.with_suffix(".log")
         with log.open("wb") as f:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                         env=module_env())
+            self.proc = subprocess.Popen(
+                self.cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=module_env()
+            )
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:  # the status line says the first samples are on their way
             if self.out.exists() and self.out.stat().st_size > 0:
                 return
             if self.proc.poll() is not None:
-                raise RuntimeError(f"telemetry sampler exited with {self.proc.returncode}: "
-                                   f"{log.read_text(errors='replace')[-500:]}")
+                raise RuntimeError(
+                    f"telemetry sampler exited with {self.proc.returncode}: {log.read_text(errors='replace')[-500:]}"
+                )
             time.sleep(0.05)
         raise RuntimeError(f"telemetry sampler wrote nothing to {self.out} in {timeout_s:.0f} s")
 
@@ -209,10 +225,14 @@ def summarize(path: Path, t_from: float, t_to: float) -> dict[str, Any]:
             for g in s["gpus"]:
                 by_gpu.setdefault(g["index"], []).append(g)
         out["gpu"] = {
-            str(i): {"util_mean_pct": sum(g["util_pct"] for g in gs) / len(gs),
-                     "util_max_pct": max(g["util_pct"] for g in gs),
-                     "mem_max_gib": max(g["mem_used_gib"] for g in gs),
-                     "samples": len(gs)} for i, gs in sorted(by_gpu.items())}
+            str(i): {
+                "util_mean_pct": sum(g["util_pct"] for g in gs) / len(gs),
+                "util_max_pct": max(g["util_pct"] for g in gs),
+                "mem_max_gib": max(g["mem_used_gib"] for g in gs),
+                "samples": len(gs),
+            }
+            for i, gs in sorted(by_gpu.items())
+        }
     if metrics_in:
         for k in GAUGES:
             vals = [s["values"][k] for s in metrics_in if k in s["values"]]

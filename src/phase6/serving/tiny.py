@@ -17,9 +17,32 @@ import importlib
 import inspect
 from pathlib import Path
 
-STDLIB_MODULES = ("json", "asyncio", "collections", "functools", "itertools", "pathlib", "subprocess", "typing",
-                  "argparse", "dataclasses", "statistics", "random", "string", "textwrap", "urllib.parse", "os",
-                  "re", "socket", "threading", "email.message", "http.client", "inspect", "logging", "unittest")
+STDLIB_MODULES = (
+    "json",
+    "asyncio",
+    "collections",
+    "functools",
+    "itertools",
+    "pathlib",
+    "subprocess",
+    "typing",
+    "argparse",
+    "dataclasses",
+    "statistics",
+    "random",
+    "string",
+    "textwrap",
+    "urllib.parse",
+    "os",
+    "re",
+    "socket",
+    "threading",
+    "email.message",
+    "http.client",
+    "inspect",
+    "logging",
+    "unittest",
+)
 
 
 def stdlib_corpus() -> list[str]:
@@ -49,14 +72,26 @@ def build_random_chat_model(out_dir: str | Path, kind: str = "tiny", seed: int =
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tiny_tokenizer(stdlib_corpus(), vocab_size=512 if kind == "tiny" else 4096)
     if kind == "tiny":
-        fields = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096}
+        fields = {
+            "model_type": "qwen2",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 4096,
+        }
     else:
         fields = {k: v for k, v in load_preset(kind).items() if k not in ("name", "architectures", "torch_dtype")}
     # Untied LM head: with tied embeddings a random model's greedy argmax repeats its input token forever
     # (one "\n" after the chat template), and `transformers serve` then streams the whole answer as one chunk.
-    fields.update(vocab_size=len(tok), bos_token_id=None, eos_token_id=tok.eos_token_id,
-                  pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    fields.update(
+        vocab_size=len(tok),
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(seed)
     big = kind != "tiny"

@@ -71,8 +71,16 @@ def _batch_lengths(tok: Any, texts: list[str]) -> list[int]:
     return [len(_encode(tok, t)) for t in texts]
 
 
-def load_sharegpt(path: str | Path, tok: TokenizerLike, num_requests: int, seed: int, prompt_min: int,
-                  prompt_max: int, output_min: int, output_max: int) -> list[BenchRequest]:
+def load_sharegpt(
+    path: str | Path,
+    tok: TokenizerLike,
+    num_requests: int,
+    seed: int,
+    prompt_min: int,
+    prompt_max: int,
+    output_min: int,
+    output_max: int,
+) -> list[BenchRequest]:
     """``num_requests`` seeded ShareGPT requests inside the token window; ValueError if the file has too few."""
     path = Path(path)
     try:
@@ -98,7 +106,7 @@ def load_sharegpt(path: str | Path, tok: TokenizerLike, num_requests: int, seed:
     out: list[BenchRequest] = []
     batch = 256
     for start in range(0, len(order), batch):
-        idx = order[start:start + batch]
+        idx = order[start : start + batch]
         prompts = [pairs[k][0] for k in idx]
         answers = [pairs[k][1] for k in idx]
         plens, olens = _batch_lengths(tok, prompts), _batch_lengths(tok, answers)
@@ -107,9 +115,11 @@ def load_sharegpt(path: str | Path, tok: TokenizerLike, num_requests: int, seed:
                 out.append(BenchRequest(len(out), p, pl, ol))
                 if len(out) == num_requests:
                     return out
-    raise ValueError(f"{path}: only {len(out)} of {len(pairs)} conversations have prompt in [{prompt_min}, "
-                     f"{prompt_max}] and output in [{output_min}, {output_max}] tokens; need {num_requests} "
-                     "(lower load.num_requests or widen the window)")
+    raise ValueError(
+        f"{path}: only {len(out)} of {len(pairs)} conversations have prompt in [{prompt_min}, "
+        f"{prompt_max}] and output in [{output_min}, {output_max}] tokens; need {num_requests} "
+        "(lower load.num_requests or widen the window)"
+    )
 
 
 def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -146,8 +156,11 @@ def _content_ids(tok: Any) -> np.ndarray:
     vocab = len(tok) if hasattr(tok, "__len__") else int(tok.vocab_size)
     special = set(getattr(tok, "all_special_ids", []) or [])
     candidates = [i for i in range(vocab) if i not in special]
-    texts = tok.batch_decode([[i] for i in candidates]) if hasattr(tok, "batch_decode") else [
-        tok.decode([i]) for i in candidates]
+    texts = (
+        tok.batch_decode([[i] for i in candidates])
+        if hasattr(tok, "batch_decode")
+        else [tok.decode([i]) for i in candidates]
+    )
     maybe = [(i, t) for i, t in zip(candidates, texts, strict=True) if len(t) > 1 and t[0] == " " and t[1:].isalpha()]
     lens = _batch_lengths(tok, [t for _, t in maybe])
     encs = [_encode(tok, t) if n == 1 else [] for (_, t), n in zip(maybe, lens, strict=True)]
@@ -173,8 +186,9 @@ def random_text(tok: TokenizerLike, ids_pool: np.ndarray, num_tokens: int, rng: 
     return _fit(tok, tok.decode(ids, skip_special_tokens=True), num_tokens)
 
 
-def load_synthetic(tok: TokenizerLike, num_requests: int, seed: int, prompt_dist: LengthDist,
-                   output_dist: LengthDist) -> list[BenchRequest]:
+def load_synthetic(
+    tok: TokenizerLike, num_requests: int, seed: int, prompt_dist: LengthDist, output_dist: LengthDist
+) -> list[BenchRequest]:
     rng = np.random.default_rng(seed)
     plens = sample_lengths(prompt_dist, num_requests, rng)
     olens = sample_lengths(output_dist, num_requests, rng)
@@ -193,9 +207,14 @@ def _mooncake_block(tok: TokenizerLike, pool: np.ndarray, hash_id: int, seed: in
     return rng.choice(pool, size=BLOCK_TOKENS).tolist()
 
 
-def _trace_requests(rows: Iterator[TraceRow], text: Callable[[TraceRow], str], tok: TokenizerLike,
-                    time_scale: float, max_rows: int | None,
-                    max_total_len: int | None) -> tuple[list[BenchRequest], int, float | None]:
+def _trace_requests(
+    rows: Iterator[TraceRow],
+    text: Callable[[TraceRow], str],
+    tok: TokenizerLike,
+    time_scale: float,
+    max_rows: int | None,
+    max_total_len: int | None,
+) -> tuple[list[BenchRequest], int, float | None]:
     """Validated trace rows -> requests with prompt text and scaled trace times (origin: the file's first row).
 
     Returns (requests, rows dropped for max_total_len, first row's time); stops reading after ``max_rows`` kept.
@@ -210,15 +229,22 @@ def _trace_requests(rows: Iterator[TraceRow], text: Callable[[TraceRow], str], t
             dropped += 1
             continue
         prompt = text(row)
-        out.append(BenchRequest(len(out), prompt, len(_encode(tok, prompt)), row.output_tokens,
-                                (row.time_s - t0) * time_scale))
+        out.append(
+            BenchRequest(len(out), prompt, len(_encode(tok, prompt)), row.output_tokens, (row.time_s - t0) * time_scale)
+        )
         if max_rows is not None and len(out) == max_rows:
             break
     return out, dropped, t0
 
 
-def load_mooncake(path: str | Path, tok: TokenizerLike, seed: int, time_scale: float = 1.0,
-                  max_rows: int | None = None, max_total_len: int | None = None) -> tuple[list[BenchRequest], int]:
+def load_mooncake(
+    path: str | Path,
+    tok: TokenizerLike,
+    seed: int,
+    time_scale: float = 1.0,
+    max_rows: int | None = None,
+    max_total_len: int | None = None,
+) -> tuple[list[BenchRequest], int]:
     """Mooncake trace rows (``phase6.fleet.workload.iter_mooncake``: strict, one-line errors naming file:line) ->
     requests with trace times; returns (requests, rows dropped for max_total_len)."""
     pool = _content_ids(tok)
@@ -239,8 +265,14 @@ def load_mooncake(path: str | Path, tok: TokenizerLike, seed: int, time_scale: f
     return out, dropped
 
 
-def load_azure(path: str | Path, tok: TokenizerLike, seed: int, time_scale: float = 1.0,
-               max_rows: int | None = None, max_total_len: int | None = None) -> tuple[list[BenchRequest], int]:
+def load_azure(
+    path: str | Path,
+    tok: TokenizerLike,
+    seed: int,
+    time_scale: float = 1.0,
+    max_rows: int | None = None,
+    max_total_len: int | None = None,
+) -> tuple[list[BenchRequest], int]:
     """Azure LLM inference CSV rows (``phase6.fleet.workload.iter_azure``: strict, one-line errors naming file:line)
     -> requests with random whole-word prompts and trace times; returns (requests, rows dropped for max_total_len)."""
     pool = _content_ids(tok)
@@ -255,8 +287,14 @@ def load_azure(path: str | Path, tok: TokenizerLike, seed: int, time_scale: floa
     return out, dropped
 
 
-def build_schedule(arrival: str, n: int, seed: int, request_rate: float | None = None, burstiness: float = 1.0,
-                   trace_times: list[float] | None = None) -> np.ndarray:
+def build_schedule(
+    arrival: str,
+    n: int,
+    seed: int,
+    request_rate: float | None = None,
+    burstiness: float = 1.0,
+    trace_times: list[float] | None = None,
+) -> np.ndarray:
     """Send times (seconds after the run start) of ``n`` requests; see the module docstring for each process."""
     if arrival == "concurrency":
         return np.zeros(n)
@@ -288,7 +326,7 @@ def resolve_path(path: str) -> Path:
         if not p.is_file():
             raise ValueError(f"load.path: no such file {path!r}")
         return p
-    parts = path[len(HF_PREFIX):].split("/", 2)
+    parts = path[len(HF_PREFIX) :].split("/", 2)
     if len(parts) != 3 or not all(parts):
         raise ValueError(f"load.path: expected hf://<owner>/<dataset>/<file>, got {path!r}")
     from huggingface_hub import hf_hub_download
@@ -318,25 +356,38 @@ def build_workload(load: Any, tok: TokenizerLike, seed: int, max_model_len: int 
         path = resolve_path(load.path)
         loader = load_mooncake if load.dataset == "mooncake" else load_azure
         limit = load.num_requests
-        rows, dropped = loader(path, tok, seed, load.time_scale, None if limit is None else limit + warm_n,
-                               max_model_len)
+        rows, dropped = loader(
+            path, tok, seed, load.time_scale, None if limit is None else limit + warm_n, max_model_len
+        )
         n = load.measured_requests(trace_rows=max(1, len(rows) - warm_n)) if len(rows) > warm_n else len(rows)
         warm_n = min(warm_n, len(rows) - n)
         # the trace head warms the server; measured requests keep their own trace clock
         warmup = [BenchRequest(-1 - i, r.prompt, r.prompt_len, r.output_len) for i, r in enumerate(rows[:warm_n])]
-        requests = [BenchRequest(i, r.prompt, r.prompt_len, r.output_len, r.trace_time_s)
-                    for i, r in enumerate(rows[warm_n:warm_n + n])]
+        requests = [
+            BenchRequest(i, r.prompt, r.prompt_len, r.output_len, r.trace_time_s)
+            for i, r in enumerate(rows[warm_n : warm_n + n])
+        ]
         info["path"] = str(path)
         info["rows_dropped_over_max_model_len"] = dropped
     else:
         n = load.measured_requests()
         if load.dataset == "sharegpt":
             path = resolve_path(load.path)
-            sample = load_sharegpt(path, tok, n + warm_n, seed, load.prompt_len_min, load.prompt_len_max,
-                                   load.output_len_min, load.output_len_max)
+            sample = load_sharegpt(
+                path,
+                tok,
+                n + warm_n,
+                seed,
+                load.prompt_len_min,
+                load.prompt_len_max,
+                load.output_len_min,
+                load.output_len_max,
+            )
             info["path"] = str(path)
-            info["window"] = {"prompt": [load.prompt_len_min, load.prompt_len_max],
-                              "output": [load.output_len_min, load.output_len_max]}
+            info["window"] = {
+                "prompt": [load.prompt_len_min, load.prompt_len_max],
+                "output": [load.output_len_min, load.output_len_max],
+            }
         else:
             sample = load_synthetic(tok, n + warm_n, seed, load.prompt_dist, load.output_dist)
         # measured = the seeded sample's prefix (identical for every row and engine); warmup = the tail
@@ -344,15 +395,30 @@ def build_workload(load: Any, tok: TokenizerLike, seed: int, max_model_len: int 
         warmup = [BenchRequest(-1 - i, r.prompt, r.prompt_len, r.output_len) for i, r in enumerate(sample[n:])]
     if "path" in info:
         info["sha256"] = hashlib.sha256(Path(info["path"]).read_bytes()).hexdigest()
-    schedule = build_schedule(load.arrival, len(requests), seed, load.request_rate, load.burstiness,
-                              [r.trace_time_s or 0.0 for r in requests] if load.arrival == "trace" else None)
+    schedule = build_schedule(
+        load.arrival,
+        len(requests),
+        seed,
+        load.request_rate,
+        load.burstiness,
+        [r.trace_time_s or 0.0 for r in requests] if load.arrival == "trace" else None,
+    )
     plens = [r.prompt_len for r in requests]
     olens = [r.output_len for r in requests]
-    info.update({"num_requests": len(requests), "num_warmup": len(warmup),
-                 "prompt_len_mean": float(np.mean(plens)), "prompt_len_p50": float(np.median(plens)),
-                 "prompt_len_max": int(max(plens)), "output_len_mean": float(np.mean(olens)),
-                 "output_len_p50": float(np.median(olens)), "output_len_max": int(max(olens)),
-                 "schedule_span_s": float(schedule.max()) if len(schedule) else 0.0,
-                 "request_list_sha256": hashlib.sha256(
-                     json.dumps([[r.prompt, r.output_len] for r in requests]).encode()).hexdigest()})
+    info.update(
+        {
+            "num_requests": len(requests),
+            "num_warmup": len(warmup),
+            "prompt_len_mean": float(np.mean(plens)),
+            "prompt_len_p50": float(np.median(plens)),
+            "prompt_len_max": int(max(plens)),
+            "output_len_mean": float(np.mean(olens)),
+            "output_len_p50": float(np.median(olens)),
+            "output_len_max": int(max(olens)),
+            "schedule_span_s": float(schedule.max()) if len(schedule) else 0.0,
+            "request_list_sha256": hashlib.sha256(
+                json.dumps([[r.prompt, r.output_len] for r in requests]).encode()
+            ).hexdigest(),
+        }
+    )
     return Workload(requests, warmup, schedule, info)
