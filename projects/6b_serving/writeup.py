@@ -14,27 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from phase6.runrecord import markdown_table, read_results
+from phase6.serving.stats import ROW_KEYS
 
 TEMPLATE = Path(__file__).with_name("WRITEUP.md")
-TABLE_COLS = (
-    "engine",
-    "model",
-    "tp",
-    "concurrency",
-    "request_rate",
-    "throughput_tok_s",
-    "ttft_p50_ms",
-    "ttft_p99_ms",
-    "itl_p50_ms",
-    "itl_p99_ms",
-    "tpot_p50_ms",
-    "tpot_p99_ms",
-    "goodput_req_s",
-    "gpu_hours_per_1m_output_tokens",
-    "usd_per_1m_output_tokens",
-    "completed",
-    "failed",
-)
+TABLE_COLS = ("engine", "model", *ROW_KEYS[1:])  # the table row schema, with the model beside the engine
 
 
 def find_runs(paths: list[str]) -> list[tuple[Path, dict[str, Any]]]:

@@ -39,7 +39,7 @@ from phase6.posttrain.diagnostics import (
     tokenize_pairs,
 )
 from phase6.posttrain.dpo_data import load_preference_data
-from phase6.runrecord import RunRecord
+from phase6.runrecord import RunRecord, trainer_log_callback
 
 
 def build_model_and_tokenizer(cfg: DPORunConfig, train_texts: list[str], use_cuda: bool) -> tuple[Any, Any, str]:
@@ -172,19 +172,8 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
 
 def record_callback(rec: RunRecord) -> Any:
     """Forward every Trainer log (TRL's loss, rewards/*, logps/*, eval_*) to RunRecord under fixed key names."""
-    from transformers import TrainerCallback
-
     rename = {"loss": M.LOSS, "eval_loss": M.VAL_LOSS, "learning_rate": M.LR, "grad_norm": M.GRAD_NORM}
-
-    class _Forward(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
-            if logs:
-                rec.log(
-                    {rename.get(k, k): v for k, v in logs.items() if isinstance(v, (int, float))},
-                    step=state.global_step,
-                )
-
-    return _Forward()
+    return trainer_log_callback(rec, rename)
 
 
 def main(cfg: DPORunConfig) -> Path:

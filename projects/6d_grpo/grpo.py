@@ -34,7 +34,7 @@ from phase6.nvml import GpuSampler, plot_timeline
 from phase6.posttrain import grpo_timing as T
 from phase6.posttrain.grpo_eval import EvalResult, evaluate, mcnemar
 from phase6.posttrain.grpo_monitor import RewardMonitor, plot_length_histogram
-from phase6.runrecord import RunRecord
+from phase6.runrecord import RunRecord, trainer_log_callback
 from phase6.tasks import digits, gsm8k
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "auto": "auto"}
@@ -176,19 +176,8 @@ def engine_builder(cfg: GrpoRunConfig, model_path: str, use_cuda: bool) -> Any:
 
 
 def record_callback(rec: RunRecord) -> Any:
-    from transformers import TrainerCallback
-
     rename = {"loss": M.LOSS, "learning_rate": M.LR, "grad_norm": M.GRAD_NORM, "reward": M.REWARD_MEAN}
-
-    class _Forward(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
-            if logs:
-                rec.log(
-                    {rename.get(k, k): v for k, v in logs.items() if isinstance(v, (int, float))},
-                    step=state.global_step,
-                )
-
-    return _Forward()
+    return trainer_log_callback(rec, rename)
 
 
 def run_eval(cfg: GrpoRunConfig, engine: Any, tok: Any, rows: list[dict[str, Any]]) -> EvalResult:

@@ -351,6 +351,22 @@ class RunRecord:
             self._wandb = None
 
 
+def trainer_log_callback(rec: RunRecord, rename: dict[str, str]) -> Any:
+    """A transformers TrainerCallback forwarding every numeric Trainer log (TRL's loss, rewards/*, logps/*, eval_*)
+    to ``rec`` at the Trainer's global step, with keys renamed to phase6's fixed metric names."""
+    from transformers import TrainerCallback
+
+    class _Forward(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+            if logs:
+                rec.log(
+                    {rename.get(k, k): v for k, v in logs.items() if isinstance(v, (int, float))},
+                    step=state.global_step,
+                )
+
+    return _Forward()
+
+
 def progress(transient: bool = False) -> Any:
     """A rich progress bar (description, bar, count, rate, ETA) for long loops; use as a context manager."""
     from rich.progress import (
