@@ -109,6 +109,49 @@ class HardwareConfig:
         require(self.gpus_per_node >= 1, "hardware.gpus_per_node", f"must be >= 1, got {self.gpus_per_node}")
 
 
+HF_DTYPES = ("bf16", "fp32", "auto")
+HF_ATTN = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+@dataclass
+class HFModelConfig:
+    """A transformers causal LM (6C's and 6D's `model` group): hub id or local dir, dtype, attention backend."""
+
+    name: str = "tiny"
+    """Preset name, used in run names and tables."""
+    name_or_path: str = "tiny"
+    """Hub id or local directory; ``tiny`` builds a random Qwen2-architecture model + local tokenizer (tests)."""
+    dtype: str = "bf16"
+    """Weight dtype: bf16 (GPU default) | fp32 | auto (checkpoint's); bf16 on a CPU-only machine falls to fp32."""
+    attn_implementation: str = "sdpa"
+    """transformers attention backend."""
+    trust_remote_code: bool = False
+    """Allow the checkpoint's own Python code (off unless you have read it)."""
+    revision: str | None = None
+    """Hub revision (commit/tag) to pin."""
+    tiny_hidden_size: int = 64
+    """Width of the ``tiny`` model."""
+    tiny_layers: int = 2
+    """Depth of the ``tiny`` model."""
+    tiny_vocab_size: int = 512
+    """BPE vocabulary of the locally trained ``tiny`` tokenizer."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.name_or_path), "model.name_or_path", "must be a hub id, a local directory or 'tiny'")
+        require(self.dtype in HF_DTYPES, "model.dtype", f"must be one of {list(HF_DTYPES)}, got {self.dtype!r}")
+        require(
+            self.attn_implementation in HF_ATTN,
+            "model.attn_implementation",
+            f"must be one of {list(HF_ATTN)}, got {self.attn_implementation!r}",
+        )
+        for k in ("tiny_hidden_size", "tiny_layers", "tiny_vocab_size"):
+            require(getattr(self, k) > 0, f"model.{k}", f"must be > 0, got {getattr(self, k)}")
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.name_or_path == "tiny"
+
+
 @dataclass
 class ApiPrice:
     """One hosted-API price point for the cost comparison."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
+from phase6.config import HardwareConfig, HFModelConfig, LoggerConfig, RunConfig, require
 from phase6.evals.battery import LOCAL_TASK_KINDS, LocalTask
 from phase6.posttrain.dpo_data import FORMATS
 
@@ -33,8 +33,6 @@ DPO_LOSSES = (
     "sigmoid_norm",
 )
 LOSSES = (*DPO_LOSSES, "orpo")
-DTYPES = ("bf16", "fp32", "auto")
-ATTN = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 # Fields of TRL's configs that this schema owns; setting them in dpo.trl would silently fight the typed field.
 OWNED_TRL_KEYS = (
     "beta",
@@ -64,42 +62,8 @@ OWNED_TRL_KEYS = (
 
 
 @dataclass
-class DPOModelConfig:
+class DPOModelConfig(HFModelConfig):
     """The policy (and, with the adapter disabled, the reference) model."""
-
-    name: str = "tiny"
-    """Preset name, used in run names and tables."""
-    name_or_path: str = "tiny"
-    """Hub id or local directory; ``tiny`` builds a random Qwen2-architecture model + local tokenizer (tests)."""
-    dtype: str = "bf16"
-    """Weight dtype: bf16 (GPU default) | fp32 | auto (checkpoint's); bf16 on a CPU-only machine falls to fp32."""
-    attn_implementation: str = "sdpa"
-    """transformers attention backend."""
-    trust_remote_code: bool = False
-    """Allow the checkpoint's own Python code (off unless you have read it)."""
-    revision: str | None = None
-    """Hub revision (commit/tag) to pin."""
-    tiny_hidden_size: int = 64
-    """Width of the ``tiny`` model."""
-    tiny_layers: int = 2
-    """Depth of the ``tiny`` model."""
-    tiny_vocab_size: int = 512
-    """BPE vocabulary of the locally trained ``tiny`` tokenizer."""
-
-    def __post_init__(self) -> None:
-        require(bool(self.name_or_path), "model.name_or_path", "must be a hub id, a local directory or 'tiny'")
-        require(self.dtype in DTYPES, "model.dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
-        require(
-            self.attn_implementation in ATTN,
-            "model.attn_implementation",
-            f"must be one of {list(ATTN)}, got {self.attn_implementation!r}",
-        )
-        for k in ("tiny_hidden_size", "tiny_layers", "tiny_vocab_size"):
-            require(getattr(self, k) > 0, f"model.{k}", f"must be > 0, got {getattr(self, k)}")
-
-    @property
-    def is_tiny(self) -> bool:
-        return self.name_or_path == "tiny"
 
 
 @dataclass

@@ -11,15 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
+from phase6.config import HardwareConfig, HFModelConfig, LoggerConfig, RunConfig, require
 
 TASKS = ("gsm8k", "digits")
 FORMAT_REWARDS = ("none", "additive", "gated")
 ENGINES = ("vllm", "hf", "verl")
 VLLM_MODES = ("colocate", "server")
 HF_DECODES = ("loop", "generate")
-DTYPES = ("bf16", "fp32", "auto")
-ATTN = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 # TRL 1.16 GRPOConfig.loss_type values
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 IS_CORRECTIONS = ("none", "tis")
@@ -54,42 +52,11 @@ OWNED_TRL_KEYS = (
 
 
 @dataclass
-class GrpoModelConfig:
+class GrpoModelConfig(HFModelConfig):
     """The policy (and, when ``grpo.beta > 0``, the frozen reference) model."""
 
     name: str = "qwen2.5-1.5b-instruct"
-    """Preset name, used in run names and tables."""
     name_or_path: str = "Qwen/Qwen2.5-1.5B-Instruct"
-    """Hub id or local directory; ``tiny`` builds a random 2-layer Qwen2-architecture model + local tokenizer."""
-    dtype: str = "bf16"
-    """Weight dtype: bf16 (GPU) | fp32 | auto (checkpoint's); bf16 falls back to fp32 on a CPU-only machine."""
-    attn_implementation: str = "sdpa"
-    """transformers attention backend."""
-    trust_remote_code: bool = False
-    """Allow the checkpoint's own Python code (off unless you have read it)."""
-    revision: str | None = None
-    """Hub revision (commit/tag) to pin."""
-    tiny_hidden_size: int = 64
-    """Width of the ``tiny`` model."""
-    tiny_layers: int = 2
-    """Depth of the ``tiny`` model."""
-    tiny_vocab_size: int = 512
-    """BPE vocabulary of the locally trained ``tiny`` tokenizer."""
-
-    def __post_init__(self) -> None:
-        require(bool(self.name_or_path), "model.name_or_path", "must be a hub id, a local directory or 'tiny'")
-        require(self.dtype in DTYPES, "model.dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
-        require(
-            self.attn_implementation in ATTN,
-            "model.attn_implementation",
-            f"must be one of {list(ATTN)}, got {self.attn_implementation!r}",
-        )
-        for k in ("tiny_hidden_size", "tiny_layers", "tiny_vocab_size"):
-            require(getattr(self, k) > 0, f"model.{k}", f"must be > 0, got {getattr(self, k)}")
-
-    @property
-    def is_tiny(self) -> bool:
-        return self.name_or_path == "tiny"
 
 
 @dataclass
