@@ -239,3 +239,101 @@ def test_compiled_liger_and_cudnn_train_like_the_default_on_gpu() -> None:
     assert losses[1][1] == pytest.approx(losses[0][1], abs=1e-2)
     assert losses[0][0] - losses[0][1] > 2e-2  # the step moved the loss by more than the tolerance
     torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------------------------- numerics levers
+# model.float8 (torchao FP8 GEMMs) and model.residual_dtype=bfloat16. torch._scaled_mm has a CPU kernel, so the FP8
+# path runs here for real (slowly); the throughput and the equal-loss check at 124M are GPU benchmarks
+# (docs/benchmarks.md). Tolerance: the levers change rounding, not the model, so on a 30-step overfit of one batch
+# the loss curve must stay within 5 % (relative) of the bf16-autocast default at every step (measured: <= 1.4 %).
+
+
+def overfit_curve(cfg: ModelConfig, steps: int = 30, **float8: object) -> tuple[list[float], torch.nn.Module]:
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    if cfg.float8 != "none":
+        parallelize(model, ParallelConfig(compile=False), CPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, cfg.vocab_size, (8, 32), generator=g)
+    y = torch.roll(x, -1, 1)
+    losses = []
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses, model
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"float8": "tensorwise"},
+        {"float8": "rowwise"},
+        {"float8": "tensorwise", "float8_lm_head": True},
+        {"residual_dtype": "bfloat16"},
+    ],
+    ids=lambda c: "+".join(f"{k}={v}" for k, v in c.items()),
+)
+def test_numerics_levers_follow_the_default_loss_curve(change: dict) -> None:
+    pytest.importorskip("torchao.float8")
+    ref, _ = overfit_curve(CFG)
+    got, model = overfit_curve(dataclasses.replace(CFG, **change))
+    worst = max(abs(a - b) / b for a, b in zip(got, ref, strict=True))
+    assert worst <= 0.05, f"{change}: loss curve departs {worst:.1%} from the bf16 default"
+    assert got[-1] < 0.3 * got[0], f"{change}: did not learn ({got[0]:.3f} -> {got[-1]:.3f})"
+    if "float8" in change:
+        from torchao.float8.float8_linear import Float8Linear
+
+        converted = {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
+        expected = {f"transformer.h.{i}.{n}" for i in range(CFG.n_layer) for n in LINEARS}
+        assert converted == expected | ({"lm_head"} if change.get("float8_lm_head") else set())
+        assert model.lm_head.weight is model.transformer.wte.weight, "the wte / lm_head tie must survive"
+        assert set(model.state_dict()) == set(GPT(CFG).state_dict()), "checkpoint keys must not change"
+
+
+LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def test_bf16_residual_stream_is_bf16_between_blocks() -> None:
+    model = GPT(dataclasses.replace(CFG, residual_dtype="bfloat16"))
+    seen: list[torch.dtype] = []
+    for block in model.transformer.h:
+        block.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(*batch())
+    assert seen == [torch.bfloat16] * CFG.n_layer
+    seen.clear()
+    default = GPT(CFG)
+    default.transformer.h[0].register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        default(*batch())
+    assert seen == [torch.float32], "bf16 autocast's default keeps an fp32 residual stream"
+
+
+def test_float8_without_torchao_names_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import of torchao.float8 now raises ImportError
+    with pytest.raises(ValueError, match=r"^model\.float8: 'tensorwise' needs the torchao package"):
+        parallelize(GPT(dataclasses.replace(CFG, float8="tensorwise")), ParallelConfig(compile=False), CPU)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.float8=fp4"], r"^model\.float8: must be one of"),
+        (["model.float8_lm_head=true"], r"^model\.float8_lm_head: needs model\.float8"),
+        (["model.residual_dtype=fp16"], r"^model\.residual_dtype: must be one of"),
+        (["model.residual_dtype=bfloat16", "device=cpu"], r"^model\.residual_dtype: bfloat16 needs bf16 training"),
+        (["model.residual_dtype=bfloat16", "train.dtype=fp32"], r"^model\.residual_dtype: bfloat16 needs bf16"),
+        (
+            ["model.float8=tensorwise", "model.n_embd=72", "model.n_head=2"],
+            r"^model\.n_embd: \(72\) must be divisible by 16",
+        ),
+    ],
+)
+def test_numerics_config_errors_name_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config("pretrain", overrides)

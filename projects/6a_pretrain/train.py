@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from phase6 import metrics
 from phase6.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from phase6.config import CONFIG_DIR
-from phase6.config.pretrain import ModelConfig, PretrainRunConfig
+from phase6.config.pretrain import ModelConfig, PretrainRunConfig, check_precision
 from phase6.cost import run_cost
 from phase6.data.loader import ShardLoader, ValLoader
 from phase6.data.prepare import ensure_prepared
@@ -189,6 +189,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
     torch.manual_seed(cfg.run.seed)  # the same on every rank: identical initial weights (DDP also broadcasts them)
     use_bf16 = tc.dtype == "bf16" or (tc.dtype == "auto" and device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    check_precision(cfg.model, use_bf16)
     torch.backends.cuda.matmul.allow_tf32 = tc.tf32  # fp32 matmuls only; the kernel choices are in cfg.parallel
     rec = RunRecord(cfg, job="pretrain", rank=info.rank)
     ckpt_dir = rec.dir / "checkpoints"
@@ -385,7 +386,10 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         "warmup": cfg.optim.warmup_steps,
         "warmdown": cfg.optim.warmdown_steps,
         "final lr": cfg.optim.lr * cfg.optim.min_lr_ratio,
-        "precision": "bf16 autocast, fp32 master" if use_bf16 else "fp32",
+        "precision": ("bf16 autocast, fp32 master" if use_bf16 else "fp32")
+        + (f", {cfg.model.float8} fp8 block GEMMs" if cfg.model.float8 != "none" else "")
+        + (" and lm_head" if cfg.model.float8_lm_head else "")
+        + (", bf16 residual stream" if cfg.model.residual_dtype == "bfloat16" else ""),
     }
     notes = {
         "How to read this": (

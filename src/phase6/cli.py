@@ -142,6 +142,17 @@ def bench_pretrain(ctx: typer.Context) -> None:
         fail(str(e))
 
 
+@bench_app.command("loss-parity", context_settings=OVERRIDES, add_help_option=False)
+def bench_loss_parity(ctx: typer.Context) -> None:
+    """6A numerics levers: val-loss curves of pretrain runs grouped by their numerics vs the default seeds (--help)."""
+    from phase6.bench.loss_parity import main as parity_main
+
+    try:
+        parity_main(ctx.args)
+    except ValueError as e:
+        fail(str(e))
+
+
 @app.command("config", context_settings=OVERRIDES)
 def config_cmd(ctx: typer.Context, job: str = typer.Argument(..., help="job name, e.g. pretrain")) -> None:
     """Print the resolved and validated config of JOB with the given overrides."""

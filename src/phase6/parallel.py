@@ -1,5 +1,7 @@
 """Parallelism as free functions on a plain GPT, applied in ONE order by `parallelize` (torchtitan style).
 
+    apply_float8   swap the blocks' Linear layers for torchao Float8Linear (model.float8)  (first: compile and
+                   FSDP2 must see the final modules; parameters and their names are unchanged)
     apply_sdpa     pin the attention kernel (flash / cudnn / efficient / math)   (before compile: it is traced)
     apply_ac       wrap each block in activation checkpointing      (first: compile must trace the recompute)
     apply_compile  torch.compile: per block under FSDP2 (each block is one graph between FSDP's all-gather /
@@ -46,6 +48,25 @@ def apply_sdpa(model: nn.Module, backend: str) -> None:
         raise ValueError(f"parallel.sdpa_backend: must be auto or one of {sorted(SDPA_BACKENDS)}, got {backend!r}")
     for block in _blocks(model):
         block.attn.sdpa_backends = None if backend == "auto" else [SDPA_BACKENDS[backend]]
+
+
+def apply_float8(model: nn.Module, recipe: str, lm_head: bool = False) -> None:
+    """FP8 training GEMMs (torchao.float8, dynamic scaling) for every Linear in the blocks, and the tied lm_head if
+    `lm_head`. Float8Linear keeps the module's weight/bias Parameters (the wte tie survives), so state dicts,
+    checkpoints, the optimizer and HF export are unchanged; only the three GEMMs of each layer (forward, grad input,
+    grad weight) run on e4m3/e5m2 operands with fp32 accumulation. torch.compile fuses the scale/cast kernels."""
+    if recipe == "none":
+        return
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise ValueError(f"model.float8: {recipe!r} needs the torchao package (pip install torchao): {e}") from None
+    config = Float8LinearConfig() if recipe == "tensorwise" else Float8LinearConfig.from_recipe_name(recipe)
+
+    def wanted(module: nn.Module, fqn: str) -> bool:
+        return fqn.startswith("transformer.h.") or (lm_head and fqn == "lm_head")
+
+    convert_to_float8_training(model, config=config, module_filter_fn=wanted)
 
 
 def apply_ac(model: nn.Module) -> None:
@@ -102,7 +123,11 @@ def parallelize(
     info: DistInfo,
     param_dtype: torch.dtype | None = None,
 ) -> nn.Module:
-    """Apply SDPA -> AC -> compile -> FSDP2 | DDP in that order; returns the module to call (DDP wrapper or `model`)."""
+    """Apply float8 -> SDPA -> AC -> compile -> FSDP2 | DDP in that order; returns the module to call (DDP wrapper
+    or `model`). The float8 recipe is a model choice (it changes the numerics): read from `model.cfg`."""
+    model_cfg = getattr(model, "cfg", None)
+    if model_cfg is not None and getattr(model_cfg, "float8", "none") != "none":
+        apply_float8(model, model_cfg.float8, lm_head=model_cfg.float8_lm_head)
     apply_sdpa(model, cfg.sdpa_backend)
     if cfg.activation_checkpointing:
         apply_ac(model)

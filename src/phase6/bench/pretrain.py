@@ -52,6 +52,15 @@ of clip + AdamW.
                       (~25% of the step). Compile +30..90 s.
   chunker    -3..+2%  inductor's auto-chunker (linear + CE in chunks, the compiled alternative to liger).
                       Experimental. Off by default.
+  Numerics levers (second round, 2026-11-29; measured first: baseline 509k, coord 517k, cudnn +0.2%, liger -8%).
+  They change the loss at the bf16-noise level, so each needs the loss check of docs/benchmarks.md beside its row:
+  fp8        +5..12%  torchao float8 tensorwise on the 48 block Linears (69% of the GEMM FLOPs): FP8 tensor cores
+                      (2x bf16 peak) on K=768/3072 GEMMs save ~20 ms of ~54 ms; the amax + cast kernels (fused by
+                      compile into the neighbouring LayerNorm/GELU where possible) cost back ~8-12 ms.
+  fp8_rowwise +0..6%  per-row scales: closer to bf16 numerics, slower scaling kernels and GEMMs than tensorwise.
+  fp8_head   +8..16%  fp8 + the tied lm_head (the other 31% of GEMM FLOPs, the (B*T, 50304) GEMMs): ~6 ms more.
+  bf16_resid +2..4%   residual stream in bf16 instead of fp32: halves ~6 ms of residual-stream traffic (adds, LN
+                      inputs saved for backward); also -~3 GiB.
   tf32       0%       no matmul runs in fp32 under bf16 autocast. Off by default.
   flash      0%       'auto' already picks FA2 on Hopper in torch 2.11. Off by default.
   Not levers:   allow_bf16_reduced_precision_reduction is already True by default. QKV already runs as one fused
@@ -86,7 +95,13 @@ import yaml
 
 from phase6 import metrics
 from phase6.config import CONFIG_DIR, HardwareConfig
-from phase6.config.pretrain import ModelConfig, OptimConfig, ParallelConfig, check_perf_combination
+from phase6.config.pretrain import (
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+    check_perf_combination,
+    check_precision,
+)
 from phase6.dist import DistInfo, init_distributed, teardown
 from phase6.models.gpt2 import GPT
 from phase6.models.hf import hf_config_from
@@ -128,6 +143,10 @@ LEVERS: dict[str, Lever] = {
         {"parallel.inductor": {"coordinate_descent_tuning": True}}, "+1..3%", needs_compile=True, compile_cost=2.0
     ),
     "chunker": Lever({"parallel.inductor": {"auto_chunker.enable": True}}, "-3..+2%", needs_compile=True),
+    "fp8": Lever({"model.float8": "tensorwise"}, "+5..12%", compile_cost=1.3),
+    "fp8_rowwise": Lever({"model.float8": "rowwise"}, "+0..6%", compile_cost=1.3),
+    "fp8_head": Lever({"model.float8": "tensorwise", "model.float8_lm_head": True}, "+8..16%", compile_cost=1.3),
+    "bf16_resid": Lever({"model.residual_dtype": "bfloat16"}, "+2..4%", needs_cuda=True),
     "tf32": Lever({"train.tf32": True}, "0%", compile_cost=0.5),
     "flash": Lever({"parallel.sdpa_backend": "flash"}, "0%", compile_cost=0.3),
     "efficient": Lever({"parallel.sdpa_backend": "efficient"}, "-10..-5%", needs_cuda=True),
@@ -381,6 +400,7 @@ def run_setup(
     torch.backends.cuda.matmul.allow_tf32 = setup.tf32  # set for every row: no leak from the previous one
     use_bf16 = device.type == "cuda"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    check_precision(setup.model, use_bf16)
     ocfg = OptimConfig(**{k: v for k, v in load_yaml("pretrain/optim", "adamw_tuned").items() if k != "name"})
     torch.manual_seed(0)
     with torch.device(device):

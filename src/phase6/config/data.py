@@ -45,7 +45,8 @@ class DataConfig:
     revision: str | None = None
     """HF commit to stream; None = resolve the current head to its commit sha and record it in manifest.json."""
     local_path: str | None = None
-    """source=local: a .txt (one document per file), .jsonl or .parquet file, or a directory of them."""
+    """source=local: a .txt (one document per file), .jsonl or .parquet file, a directory of them, or a comma-separated
+    list of those (read in that order; the first documents fill the val shard)."""
     text_column: str = "text"
     """Column / JSON key holding the document text (.jsonl, .parquet, HF)."""
     out_dir: str = "data/embedded-byte"

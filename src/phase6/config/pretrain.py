@@ -22,6 +22,8 @@ DTYPES = ("auto", "bf16", "fp32")
 COMPILE_MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
 SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 FUSED_CE = ("none", "liger")
+FLOAT8 = ("none", "tensorwise", "rowwise")
+RESIDUAL_DTYPES = ("float32", "bfloat16")
 
 
 def flatten_options(options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -68,6 +70,17 @@ class ModelConfig:
     fused_ce: str = "none"
     """'none': lm_head logits + cross-entropy (compiled); 'liger': Liger-Kernel's fused linear + cross-entropy
     (Triton, CUDA only, optional dependency `liger-kernel`): no (B, T, V) logits in memory, same loss."""
+    float8: str = "none"
+    """FP8 GEMMs in the blocks' four Linear layers (torchao.float8 training, optional dependency `torchao`):
+    'tensorwise' (one dynamic scale per tensor, the fastest) or 'rowwise' (one per row, closer to bf16);
+    'none' = bf16 autocast GEMMs. Weights, optimizer and checkpoints stay as they are (fp32 master weights)."""
+    float8_lm_head: bool = False
+    """Also run the (tied) lm_head GEMMs in FP8 (model.float8 must be set). Its gradient is the widest tensor of the
+    step (B x T x 50304), cast to e5m2: check the loss against float8_lm_head=false before trusting it."""
+    residual_dtype: str = "float32"
+    """dtype of the residual stream between blocks: 'float32' (bf16 autocast's default: the embeddings are fp32, so
+    every residual add stays fp32) or 'bfloat16' (cast once after the embeddings; halves the stream's memory
+    traffic; needs bf16 training)."""
     justify: dict[str, str] = field(default_factory=dict)
     """One-line justification + source per field name, rendered into results.md."""
 
@@ -82,6 +95,30 @@ class ModelConfig:
             f"({self.n_embd}) must be divisible by model.n_head ({self.n_head})",
         )
         require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        require(self.float8 in FLOAT8, "model.float8", f"must be one of {FLOAT8}, got {self.float8!r}")
+        require(
+            self.residual_dtype in RESIDUAL_DTYPES,
+            "model.residual_dtype",
+            f"must be one of {RESIDUAL_DTYPES}, got {self.residual_dtype!r}",
+        )
+        if self.float8 != "none":
+            # FP8 tensor-core GEMMs (torch._scaled_mm) need every GEMM dimension divisible by 16
+            require(self.n_embd % 16 == 0, "model.n_embd", f"({self.n_embd}) must be divisible by 16 for model.float8")
+        require(
+            not self.float8_lm_head or self.float8 != "none",
+            "model.float8_lm_head",
+            "needs model.float8=tensorwise|rowwise",
+        )
+        require(
+            not self.float8_lm_head or self.padded_vocab_size % 16 == 0,
+            "model.pad_vocab_multiple",
+            f"must make the padded vocabulary ({self.padded_vocab_size}) divisible by 16 for model.float8_lm_head",
+        )
+        require(
+            not (self.float8_lm_head and self.fused_ce != "none"),
+            "model.float8_lm_head",
+            f"cannot be combined with model.fused_ce={self.fused_ce} (the fused loss does its own lm_head GEMM)",
+        )
 
     @property
     def padded_vocab_size(self) -> int:
@@ -222,6 +259,15 @@ def check_perf_combination(model: ModelConfig, parallel: ParallelConfig) -> None
     )
 
 
+def check_precision(model: ModelConfig, bf16: bool) -> None:
+    """A bf16 residual stream only exists under bf16 training (fp32 LayerNorm/Linear weights reject bf16 inputs)."""
+    require(
+        bf16 or model.residual_dtype == "float32",
+        "model.residual_dtype",
+        "bfloat16 needs bf16 training (train.dtype=bf16, or auto on CUDA); set model.residual_dtype=float32",
+    )
+
+
 @dataclass
 class TrainConfig:
     """Batch geometry, length of the run, evaluation/checkpoint cadence and sanity modes."""
@@ -337,6 +383,8 @@ class PretrainRunConfig:
         require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
         check_schedule(self.optim, self.train.max_steps)
         check_perf_combination(self.model, self.parallel)
+        if self.train.dtype == "fp32" or (self.train.dtype == "auto" and self.device == "cpu"):
+            check_precision(self.model, bf16=False)  # known before any device is touched
         if self.train.seq_len is None:
             self.train.seq_len = self.model.block_size
         require(

@@ -121,7 +121,14 @@ def join_documents(docs: Iterator[str], max_chars: int) -> str:
 
 
 def local_files(path: str | Path) -> list[Path]:
-    """The file, or the .txt/.jsonl/.parquet files under a directory (sorted, recursive)."""
+    """The file, or the .txt/.jsonl/.parquet files under a directory (sorted, recursive); a comma-separated list of
+    files and directories is read in the order given (the first documents become the val shard)."""
+    if isinstance(path, str) and "," in path:
+        files = [f for part in path.split(",") if part.strip() for f in local_files(part.strip())]
+        duplicated = sorted({str(f) for f in files if files.count(f) > 1})
+        if duplicated:
+            raise ValueError(f"{duplicated[0]}: listed twice in data.local_path (its documents would repeat)")
+        return files
     path = Path(path)
     if path.is_file():
         if path.suffix not in LOCAL_SUFFIXES:
