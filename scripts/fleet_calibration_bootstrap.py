@@ -22,17 +22,16 @@ import yaml
 
 from phase6.config import CONFIG_DIR, HardwareConfig
 from phase6.config.fleet import EngineConfig, FleetRunConfig
-from phase6.fleet.compare import MeasuredRun, calibrate, engine_limits, load_serve_bench, p50_ms, replay
+from phase6.fleet.compare import MeasuredRun, calibrate, load_serve_bench, p50_ms, replay, replica_config, with_fit
 from phase6.fleet.run import FleetSetup, build_setup
 from phase6.fleet.sim import EngineLimits
-from phase6.fleet.steptime import kv_capacity_blocks
 
 
 def _engine_for(run: MeasuredRun, cfg: FleetRunConfig, setup: FleetSetup) -> tuple[EngineConfig, EngineLimits]:
-    """The replica the comparison simulates for ``run``: its recorded batch limits, KV capacity at the config's TP."""
-    seqs, budget, _ = engine_limits(run, cfg.engine)
-    eng = dataclasses.replace(cfg.engine, max_num_seqs=seqs, max_batched_tokens=budget)
-    return eng, EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, cfg.hardware, eng))
+    """The replica the comparison simulates for ``run`` (phase6.fleet.compare.replica_config): its recorded batch
+    limits and engine profile, KV capacity at the config's TP."""
+    eng, lim, _, _ = replica_config(run, cfg, setup)
+    return eng, lim
 
 
 def request_tpot_ms(run: MeasuredRun) -> np.ndarray:
@@ -74,12 +73,7 @@ def bootstrap(path: str | Path, model: str, hardware: str, n: int, seed: int = 0
                 samples.setdefault(k, []).append(getattr(fit, k))
             for run in mine[1:]:
                 eng, lim = _engine_for(run, cfg, setup)
-                eng = dataclasses.replace(
-                    eng,
-                    step_overhead_ms=fit.step_overhead_ms,
-                    prefill_mfu=fit.prefill_mfu,
-                    prefill_overhead_ms=fit.prefill_overhead_ms,
-                )
+                eng = with_fit(eng, fit)
                 ttft, tpot = p50_ms(replay(setup, run, eng, lim))
                 samples.setdefault(f"C={run.concurrency} ttft_err_pct", []).append(
                     100 * (ttft / float(run.row["ttft_p50_ms"]) - 1)

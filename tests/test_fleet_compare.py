@@ -28,13 +28,17 @@ from phase6.fleet.compare import (
     check_serve_bench,
     compare_serve_bench,
     engine_limits,
+    engine_profile,
     fit_prefill,
     load_serve_bench,
+    planned_run,
+    predict_serve_bench,
+    replica_config,
     ttft_line,
 )
 from phase6.fleet.run import FleetSetup, build_setup
 from phase6.fleet.sim import EngineLimits, SimResult, Topology
-from phase6.fleet.steptime import kv_capacity_blocks, planner_model
+from phase6.fleet.steptime import build_step_model, kv_capacity_blocks
 from phase6.fleet.workload import Workload
 from phase6.runrecord import RunRecord, dumps
 from phase6.serving.client import RequestResult, RunOutcome
@@ -110,17 +114,20 @@ def write_serve_bench_run(run_dir: Path, w: Workload, res: SimResult, c: int) ->
 
 
 PLANTED = {"step_overhead_ms": 3.0, "prefill_overhead_ms": 40.0, "prefill_mfu": 0.35}
+TORCH_TP = {"profile": "torch-tp", "max_model_len": 4096, "cuda_graphs": True}  # what the recorded run says
 
 
-def planted_sweep(tmp_path: Path) -> tuple[Path, FleetRunConfig, FleetSetup, EngineConfig]:
+def planted_sweep(
+    tmp_path: Path, profile: dict[str, object] = TORCH_TP
+) -> tuple[Path, FleetRunConfig, FleetSetup, EngineConfig]:
     """A 'measured' sweep C=1/16/64 made by the simulator with step overhead 3 ms, prefill overhead 40 ms and prefill
     MFU 0.35, requests of the 6B H200 load (prompts 100-1000, outputs 64-128), under the recorded torch-tp limits
-    (64 seqs, 16384)."""
+    (64 seqs, 16384) and, by default, the torch-tp engine profile its config.yaml implies (cuda-graphs, 4096)."""
     cfg = FleetRunConfig(hardware=HW, model="llama3.1-8b", engine=EngineConfig(tp=1))
     setup = build_setup(cfg)
-    true_eng = dataclasses.replace(cfg.engine, **PLANTED, max_num_seqs=64, max_batched_tokens=16384)
+    true_eng = dataclasses.replace(cfg.engine, **PLANTED, max_num_seqs=64, max_batched_tokens=16384, **profile)
     limits = EngineLimits(64, 16384, kv_capacity_blocks(setup.spec, HW, true_eng))
-    true = dataclasses.replace(setup, model=planner_model(setup.spec, HW, true_eng), limits=limits)
+    true = dataclasses.replace(setup, model=build_step_model(setup.spec, HW, true_eng), engine=true_eng, limits=limits)
     rng = np.random.default_rng(0)
     for member, c in enumerate((1, 16, 64)):
         n = max(40, 10 * c)
@@ -144,6 +151,7 @@ def test_replay_reproduces_the_run_exactly(tmp_path: Path) -> None:
         assert abs(o["ttft_err_pct"]) < 1e-6 and abs(o["tpot_err_pct"]) < 1e-6, o
         assert o["throughput_tok_s_sim"] == pytest.approx(o["throughput_tok_s_measured"], rel=1e-9)
         assert o["engine_limits"] == "torch-tp max-batch=64, torch-tp max-prefill-tokens=16384"
+        assert o["engine_profile"].startswith("torch-tp (prompts padded to the step's longest, max-model-len 4096")
     # the same requests at their mean lengths are a different experiment (lockstep closed loop)
     mean, _ = compare_serve_bench(sweep, exact, setup, calibrate_rows=False, lengths="mean")
     assert max(abs(o["ttft_err_pct"]) for o in mean) > 5
@@ -154,17 +162,16 @@ def test_calibration_on_c1_predicts_c16_c64(tmp_path: Path) -> None:
     its requests), and then C=16 and C=64 are predicted to 0.01 % (the planner defaults are off by > 20 %)."""
     sweep, cfg, setup, _ = planted_sweep(tmp_path)
     runs, _ = load_serve_bench(sweep)
-    seqs, budget, _ = engine_limits(runs[0], cfg.engine)
-    limits = EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, HW, cfg.engine))
-    fit = calibrate(
-        setup, runs[0], dataclasses.replace(cfg.engine, max_num_seqs=seqs, max_batched_tokens=budget), limits
-    )
+    engine, limits, _, _ = replica_config(runs[0], cfg, setup)
+    assert (engine.profile, engine.max_num_seqs, engine.max_batched_tokens) == ("torch-tp", 64, 16384)
+    fit = calibrate(setup, runs[0], engine, limits)
     for k, v in PLANTED.items():
         assert getattr(fit, k) == pytest.approx(v, rel=1e-4), k
     out, _ = compare_serve_bench(sweep, cfg, setup)
     assert [o["role"] for o in out] == ["calibration (fitted here)", "prediction", "prediction"]
     assert out[2]["calibration"].startswith(
-        "fitted at C=1: step overhead 3.00 ms, prefill overhead 40.0 ms, "
+        "fitted at C=1 on the torch-tp (prompts padded to the step's longest, max-model-len 4096, CUDA-graph decode "
+        "buckets) replica: step overhead 3.00 ms, prefill overhead 40.0 ms, "
         "prefill_mfu 0.350 (TTFT fit mean |error| 0.0 ms over 40 requests"
     )
     for o in out:
@@ -190,8 +197,8 @@ def test_prefill_fit_is_robust_to_a_stray_request(tmp_path: Path) -> None:
     least-absolute-deviation fit; a least-squares line would take ~50 ms of intercept from it."""
     sweep, cfg, setup, _ = planted_sweep(tmp_path)
     run = load_serve_bench(sweep / "0")[0][0]
-    limits = EngineLimits(64, 16384, kv_capacity_blocks(setup.spec, HW, cfg.engine))
-    eng = dataclasses.replace(cfg.engine, step_overhead_ms=3.0, max_num_seqs=64, max_batched_tokens=16384)
+    eng, limits, _, _ = replica_config(run, cfg, setup)
+    eng = dataclasses.replace(eng, step_overhead_ms=3.0)
     clean = fit_prefill(setup, run, eng, limits)
     assert clean[0] == pytest.approx(0.35, rel=1e-4) and clean[1] == pytest.approx(40.0, rel=1e-4) and clean[2] < 1e-3
     run.ttft_ms[5] += 1000.0
@@ -365,3 +372,44 @@ def test_calibration_bootstrap_script(tmp_path: Path) -> None:
         assert rows[k]["p5"] == pytest.approx(v, rel=1e-4) and rows[k]["p95"] == pytest.approx(v, rel=1e-4), k
     for k in ("C=16 ttft_err_pct", "C=64 tpot_err_pct"):
         assert abs(rows[k]["p5"]) < 0.01 and abs(rows[k]["p95"]) < 0.01, rows[k]
+
+
+def test_engine_profile_follows_the_measured_engine(tmp_path: Path) -> None:
+    """compare_profile=auto replays a torch-tp run with the torch-tp mechanics and the run's own flags; vllm (the
+    generic replica) on the same planted torch-tp sweep is no longer exact: padding and buckets are what differ."""
+    sweep, cfg, setup, _ = planted_sweep(tmp_path)
+    runs, _ = load_serve_bench(sweep)
+    prof, desc = engine_profile(runs[0])
+    assert prof == TORCH_TP and desc.startswith("torch-tp")
+    assert engine_profile(runs[0], "vllm")[0] == {"profile": "vllm"}
+    run = dataclasses.replace(runs[0], config={**runs[0].config, "serve": {"engine": "torch-tp", "engine_args": {}}})
+    assert engine_profile(run)[0] == {"profile": "torch-tp", "max_model_len": 4096, "cuda_graphs": False}  # defaults
+    run = dataclasses.replace(runs[0], config={"serve": {"engine": "vllm"}}, row={**runs[0].row, "engine": "vllm"})
+    assert engine_profile(run)[0] == {"profile": "vllm"}
+    exact = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **PLANTED))
+    generic, _ = compare_serve_bench(sweep, exact, setup, calibrate_rows=False, profile="vllm")
+    assert generic[0]["engine_profile"].startswith("vllm") and abs(generic[2]["ttft_err_pct"]) > 1
+    # a sweep made by the generic replica is reproduced exactly by compare_profile=vllm (the earlier behaviour)
+    sweep2, _, _, _ = planted_sweep(tmp_path / "v", profile={})
+    out, _ = compare_serve_bench(sweep2, exact, setup, calibrate_rows=False, profile="vllm")
+    assert all(abs(o["ttft_err_pct"]) < 1e-6 and abs(o["tpot_err_pct"]) < 1e-6 for o in out)
+
+
+def test_predictions_equal_the_later_comparison(tmp_path: Path) -> None:
+    """predict_serve_bench (scripts/fleet_predict.py) on planned runs, calibrated on the C=1 run, prints exactly the
+    simulated columns compare_serve_bench prints once those runs are measured (blind tests are reproducible)."""
+    sweep, cfg, setup, _ = planted_sweep(tmp_path)
+    runs, _ = load_serve_bench(sweep)
+    serve = runs[1].config["serve"]
+    planned = [
+        planned_run(f"C={r.concurrency}", serve, 1, r.concurrency, r.input_tokens, r.output_tokens) for r in runs[1:]
+    ]
+    pred = predict_serve_bench(sweep, planned, cfg, setup)
+    out, _ = compare_serve_bench(sweep, cfg, setup)
+    for p, o in zip(pred, out[1:], strict=True):
+        assert (p["concurrency"], p["ttft_p50_ms_sim"], p["tpot_p50_ms_sim"]) == (
+            o["concurrency"],
+            o["ttft_p50_ms_sim"],
+            o["tpot_p50_ms_sim"],
+        )
+        assert p["throughput_tok_s_sim"] == o["throughput_tok_s_sim"]

@@ -15,6 +15,8 @@ STEP_TIME_SOURCES = ("planner", "table")
 ROUTERS = ("round_robin", "least_loaded", "prefix_aware", "session_affinity")
 SIM_ENGINES = ("simpy", "heapq")
 KV_LINKS = ("internode", "nvlink")
+ENGINE_PROFILES = ("vllm", "torch-tp")
+COMPARE_PROFILES = ("auto", "vllm")
 
 
 @dataclass
@@ -135,9 +137,30 @@ class EngineConfig:
     """Weight bytes per parameter (2 = bf16)."""
     kv_bytes_per_elem: float = 2.0
     """KV-cache bytes per element (2 = bf16, 1 = fp8)."""
+    profile: str = "vllm"
+    """Which engine's scheduling and step shapes a replica follows (phase6.fleet.engines): vllm (chunked prefill;
+    a step is one forward of its decode tokens and prefill chunks) | torch-tp (phase6.serving.tp_server: whole
+    prompts padded to the step's longest, decode padded to CUDA-graph (batch, KV length) buckets, decode and prefill
+    as two forwards, no prefix cache; max_num_seqs = --max-batch, max_batched_tokens = --max-prefill-tokens)."""
+    max_model_len: int = 4096
+    """torch-tp: KV positions per cache row (--max-model-len; the server's default); the KV-length buckets end here."""
+    cuda_graphs: bool = False
+    """torch-tp: --cuda-graphs (decode padded to (batch, KV length) buckets; the server's default is off: eager
+    decode, exact batch, every row attending to the longest row's length)."""
 
     def __post_init__(self) -> None:
         require(self.tp >= 1, "engine.tp", f"must be >= 1, got {self.tp}")
+        require(
+            self.profile in ENGINE_PROFILES,
+            "engine.profile",
+            f"must be one of {', '.join(ENGINE_PROFILES)}, got {self.profile!r}",
+        )
+        require(
+            self.profile != "torch-tp" or self.step_time == "planner",
+            "engine.profile",
+            "torch-tp shapes the planner's step times (engine.step_time=planner), not a measured table",
+        )
+        require(self.max_model_len >= 2, "engine.max_model_len", f"must be >= 2, got {self.max_model_len}")
         require(self.max_num_seqs >= 1, "engine.max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
         require(
             self.max_batched_tokens >= self.max_num_seqs,
@@ -309,6 +332,10 @@ class AnalysisConfig:
     compare_lengths: str = "requests"
     """Request lengths replayed per run: requests (the run's completed requests from its requests.jsonl, in send
     order) | mean (every request at the run's mean prompt/output; closed loops then run in lockstep)."""
+    compare_profile: str = "auto"
+    """Engine profile of the replayed replica: auto (the measured engine's own, from the run's serve.engine:
+    torch-tp runs get engine.profile=torch-tp with the run's --max-batch / --max-prefill-tokens / --max-model-len /
+    --cuda-graphs; other engines vllm) | vllm (every run on the generic chunked-prefill replica)."""
 
     def __post_init__(self) -> None:
         require(
@@ -338,6 +365,11 @@ class AnalysisConfig:
             self.compare_lengths in ("requests", "mean"),
             "analysis.compare_lengths",
             f"must be requests or mean, got {self.compare_lengths!r}",
+        )
+        require(
+            self.compare_profile in COMPARE_PROFILES,
+            "analysis.compare_profile",
+            f"must be one of {', '.join(COMPARE_PROFILES)}, got {self.compare_profile!r}",
         )
         require(
             self.rate_search_steps >= 2, "analysis.rate_search_steps", f"must be >= 2, got {self.rate_search_steps}"

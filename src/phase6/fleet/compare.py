@@ -23,6 +23,13 @@ each TP only (concurrency 1 in a sweep) and then held for every other run, so C=
                        two are the least-absolute-deviation fit of those steps to the measured TTFTs (robust to a
                        stray slow request; the intercept is the extra fixed cost of a step that prefills)
 (:func:`calibrate`; the ordinary Theil-Sen line through the same points is reported next to it.)
+
+Engine profile (``analysis.compare_profile=auto``, default): the replayed replica follows the measured engine's own
+mechanics (phase6.fleet.engines): a torch-tp run gets ``engine.profile=torch-tp`` with the run's --max-batch,
+--max-prefill-tokens, serve.max_model_len and --cuda-graphs (ServerArgs defaults where the record has none), i.e.
+prompts padded to the step's longest, decode padded to the CUDA-graph buckets, decode and prefill as separate
+forwards. Those are properties of the server's code, not fitted; the calibration above is then done through them.
+``compare_profile=vllm`` replays every run on the generic chunked-prefill replica (the earlier behaviour).
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ import numpy as np
 import yaml
 
 from phase6.config.fleet import EngineConfig, FleetRunConfig
+from phase6.fleet.engines import TorchTPStepTime
 from phase6.fleet.sim import EngineLimits, SimResult, Topology
-from phase6.fleet.steptime import StepTimeModel, kv_capacity_blocks, planner_model, prefill_pairs
+from phase6.fleet.steptime import StepTimeModel, build_step_model, kv_capacity_blocks, prefill_pairs
 from phase6.fleet.workload import Workload
 
 if TYPE_CHECKING:  # run.py imports this module inside main(); a runtime import here would be circular
@@ -262,6 +270,33 @@ def engine_limits(run: MeasuredRun, engine: EngineConfig) -> tuple[int, int, str
     return seqs, budget, ", ".join(src)
 
 
+def engine_profile(run: MeasuredRun, mode: str = "auto") -> tuple[dict[str, Any], str]:
+    """(EngineConfig overrides, description) of the replica that replays ``run``: ``mode=auto`` gives a torch-tp
+    run the torch-tp profile with its recorded --max-model-len (serve.max_model_len) and --cuda-graphs
+    (serve.engine_args; ServerArgs defaults where absent), every other engine -- and ``mode=vllm`` -- the generic
+    vllm profile."""
+    serve = run.config.get("serve") or {}
+    name = str(serve.get("engine") or run.row.get("engine") or "")
+    if mode == "vllm" or name != "torch-tp":
+        return {"profile": "vllm"}, "vllm (chunked prefill, one forward per step)"
+    from phase6.serving.tp_server import ServerArgs  # its defaults are what ran when no flag was given (torch)
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
+    args = serve.get("engine_args") or {}
+    ml = serve.get("max_model_len") or defaults["max_model_len"]  # serve-bench passes --max-model-len when set
+    graphs = args.get("cuda-graphs", defaults["cuda_graphs"])
+    if not isinstance(ml, int) or ml < 2:
+        raise ValueError(f"{run.run_dir}/config.yaml: serve.max_model_len must be an integer >= 2, got {ml!r}")
+    if not isinstance(graphs, bool):
+        raise ValueError(f"{run.run_dir}/config.yaml: serve.engine_args.cuda-graphs must be true/false, got {graphs!r}")
+    desc = (
+        f"torch-tp (prompts padded to the step's longest, max-model-len {ml}, "
+        + ("CUDA-graph decode buckets" if graphs else "eager decode at the longest row's length")
+        + ")"
+    )
+    return {"profile": "torch-tp", "max_model_len": ml, "cuda_graphs": graphs}, desc
+
+
 CALIBRATION_ROUNDS = 3
 """Alternating fits of (step overhead | prefill MFU and overhead); at C=1 they barely interact (the MFU touches a
 decode step only when it is compute-bound), and one round already converges."""
@@ -282,9 +317,12 @@ def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float, st
     return 0.5 * (lo + hi)
 
 
-def idle_ttft_s(model: StepTimeModel, prompt_tokens: int, budget: int) -> tuple[float, int]:
+def idle_ttft_s(model: StepTimeModel | TorchTPStepTime, prompt_tokens: int, budget: int) -> tuple[float, int]:
     """(TTFT, prefill steps) of one request on an idle replica: its prompt in chunks of ``budget`` tokens, one step
-    each, the last one emitting the first token -- what the simulator does for a request that finds no other work."""
+    each, the last one emitting the first token -- what the simulator does for a request that finds no other work
+    (torch-tp: the whole prompt in one step, whatever the budget)."""
+    if isinstance(model, TorchTPStepTime):
+        return model.idle_prefill_s(prompt_tokens), 1
     t, done, steps = 0.0, 0, 0
     while done < prompt_tokens:
         c = min(budget, prompt_tokens - done)
@@ -316,7 +354,7 @@ def fit_prefill(
     lengths = [int(p) for p in run.input_tokens]
 
     def fit_o(mfu: float) -> tuple[float, float]:
-        model = planner_model(
+        model = build_step_model(
             setup.spec, setup.hardware, dataclasses.replace(engine, prefill_mfu=mfu, prefill_overhead_ms=0.0)
         )
         base, n = np.asarray([idle_ttft_s(model, p, budget) for p in lengths]).T
@@ -361,7 +399,7 @@ def replay(
 ) -> SimResult:
     """Simulate ``run``: one replica with ``engine``'s step times, its C clients sending its requests in order."""
     spec = setup.spec
-    s = dataclasses.replace(setup, model=planner_model(spec, setup.hardware, engine), engine=engine, limits=limits)
+    s = dataclasses.replace(setup, model=build_step_model(spec, setup.hardware, engine), engine=engine, limits=limits)
     n = len(run.input_tokens)
     if lengths == "requests":  # the run's own requests in send order (a closed loop sends the next on completion)
         inp, outp = run.input_tokens, run.output_tokens
@@ -409,13 +447,115 @@ def calibrate(
     return eng
 
 
+def replica_config(
+    run: MeasuredRun, cfg: FleetRunConfig, setup: FleetSetup, profile: str = "auto"
+) -> tuple[EngineConfig, EngineLimits, str, str]:
+    """(engine config, limits, where the limits came from, engine profile) of the replica that replays ``run``."""
+    tp = int(run.row.get("tp") or cfg.engine.tp)
+    seqs, budget, limits_src = engine_limits(run, cfg.engine)
+    prof, prof_desc = engine_profile(run, profile)
+    engine = dataclasses.replace(
+        cfg.engine, tp=tp, step_time="planner", table_path=None, max_num_seqs=seqs, max_batched_tokens=budget, **prof
+    )
+    limits = EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, cfg.hardware, engine))  # this TP's KV
+    return engine, limits, limits_src, prof_desc
+
+
+def calibration(
+    setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits, lengths: str, prof_desc: str
+) -> tuple[EngineConfig, str]:
+    """:func:`calibrate` on the concurrency-1 ``run`` and a one-line summary of the fit."""
+    fit = calibrate(setup, run, engine, limits, lengths)
+    mad = fit_prefill(setup, run, fit, limits)[2]
+    icpt, slope = ttft_line(run)
+    return fit, (
+        f"fitted at C={run.concurrency} on the {prof_desc} replica: step overhead {fit.step_overhead_ms:.2f} ms, "
+        f"prefill overhead {fit.prefill_overhead_ms:.1f} ms, prefill_mfu {fit.prefill_mfu:.3f} (TTFT fit mean "
+        f"|error| {mad:.1f} ms over {len(run.input_tokens)} requests; Theil-Sen TTFT line {icpt:.0f} ms + "
+        f"{slope:.0f} ms per 1000 prompt tokens)"
+    )
+
+
+def with_fit(engine: EngineConfig, fit: EngineConfig) -> EngineConfig:
+    """``engine`` with the three calibrated parameters of ``fit``."""
+    return dataclasses.replace(
+        engine,
+        step_overhead_ms=fit.step_overhead_ms,
+        prefill_mfu=fit.prefill_mfu,
+        prefill_overhead_ms=fit.prefill_overhead_ms,
+    )
+
+
+def planned_run(
+    name: str, serve_cfg: dict[str, Any], tp: int, concurrency: int, prompts: Any, outputs: Any
+) -> MeasuredRun:
+    """A run not measured yet (prediction): its serve config (engine, engine_args, max_model_len) and the requests
+    it will send, with no measured values."""
+    inp = np.asarray(prompts, dtype=np.int64)
+    out = np.asarray(outputs, dtype=np.int64)
+    row = {"engine": serve_cfg.get("engine"), "tp": tp, "concurrency": concurrency, "completed": len(inp)}
+    return MeasuredRun(Path(name), row, inp, out, np.zeros(len(inp)), 0, {"serve": serve_cfg})
+
+
+def predict_serve_bench(
+    calibration_path: str | Path,
+    planned: list[MeasuredRun],
+    cfg: FleetRunConfig,
+    setup: FleetSetup,
+    profile: str = "auto",
+) -> list[dict[str, Any]]:
+    """Predictions for runs not measured yet: calibrate on the concurrency-1 run of each TP under
+    ``calibration_path`` (as :func:`compare_serve_bench` does) and replay each planned run's requests -- the numbers
+    a later ``compare_serve_bench`` on a sweep holding that C=1 run and the measured runs prints as simulated."""
+    runs = load_serve_bench(calibration_path)[0]
+    out = []
+    fits: dict[int, tuple[EngineConfig, str]] = {}
+    for p in planned:
+        tp = int(p.row["tp"])
+        if tp not in fits:
+            c1 = [r for r in runs if int(r.row.get("tp") or cfg.engine.tp) == tp and r.concurrency == 1]
+            if not c1:
+                raise ValueError(f"{calibration_path}: no concurrency-1 run for TP={tp} to calibrate on")
+            engine, limits, _, desc = replica_config(c1[0], cfg, setup, profile)
+            fits[tp] = calibration(setup, c1[0], engine, limits, "requests", desc)
+        engine, limits, limits_src, desc = replica_config(p, cfg, setup, profile)
+        res = replay(setup, p, with_fit(engine, fits[tp][0]), limits)
+        ttft, tpot = p50_ms(res)
+        out.append(
+            {
+                "run": str(p.run_dir),
+                "tp": tp,
+                "concurrency": p.concurrency,
+                "requests": len(p.input_tokens),
+                "mean_input_tokens": float(p.input_tokens.mean()),
+                "mean_output_tokens": float(p.output_tokens.mean()),
+                "ttft_p50_ms_sim": ttft,
+                "tpot_p50_ms_sim": tpot,
+                "throughput_tok_s_sim": float(res.output_tokens.sum()) / res.makespan_s,
+                "makespan_s_sim": res.makespan_s,
+                "engine_profile": desc,
+                "engine_limits": limits_src,
+                "calibration": fits[tp][1],
+            }
+        )
+    return out
+
+
 def compare_serve_bench(
-    path: str | Path, cfg: FleetRunConfig, setup: FleetSetup, calibrate_rows: bool = True, lengths: str = "requests"
+    path: str | Path,
+    cfg: FleetRunConfig,
+    setup: FleetSetup,
+    calibrate_rows: bool = True,
+    lengths: str = "requests",
+    profile: str = "auto",
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """One row per measured closed-loop run: measured vs simulated TTFT/TPOT p50 and throughput, errors, pass;
-    plus the runs skipped (unfinished, open loop) with the reason."""
+    plus the runs skipped (unfinished, open loop) with the reason. ``profile``: auto (each run's engine mechanics,
+    :func:`engine_profile`) | vllm (the generic replica for every run)."""
     if lengths not in ("requests", "mean"):
         raise ValueError(f"analysis.compare_lengths: must be requests or mean, got {lengths!r}")
+    if profile not in ("auto", "vllm"):
+        raise ValueError(f"analysis.compare_profile: must be auto or vllm, got {profile!r}")
     runs, skipped = load_serve_bench(path)
     runs.sort(key=lambda r: (int(r.row.get("tp") or cfg.engine.tp), r.concurrency))
     out_rows: list[dict[str, Any]] = []
@@ -424,33 +564,11 @@ def compare_serve_bench(
         r = run.row
         tp = int(r.get("tp") or cfg.engine.tp)
         c = run.concurrency
-        seqs, budget, limits_src = engine_limits(run, cfg.engine)
-        engine = dataclasses.replace(
-            cfg.engine, tp=tp, step_time="planner", table_path=None, max_num_seqs=seqs, max_batched_tokens=budget
-        )
-        limits = EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, cfg.hardware, engine))  # this TP's KV
+        engine, limits, limits_src, prof_desc = replica_config(run, cfg, setup, profile)
         if calibrate_rows:
             if tp not in calibrated:  # the lowest concurrency of this TP (runs are sorted)
-                fit = calibrate(setup, run, engine, limits, lengths)
-                mad = fit_prefill(setup, run, fit, limits)[2]
-                icpt, slope = ttft_line(run)
-                calibrated[tp] = (
-                    run,
-                    fit,
-                    (
-                        f"fitted at C={c}: step overhead {fit.step_overhead_ms:.2f} ms, prefill overhead "
-                        f"{fit.prefill_overhead_ms:.1f} ms, prefill_mfu {fit.prefill_mfu:.3f} (TTFT fit mean |error| "
-                        f"{mad:.1f} ms over {len(run.input_tokens)} requests; Theil-Sen TTFT line {icpt:.0f} ms + "
-                        f"{slope:.0f} ms per 1000 prompt tokens)"
-                    ),
-                )
-            fit = calibrated[tp][1]
-            engine = dataclasses.replace(
-                engine,
-                step_overhead_ms=fit.step_overhead_ms,
-                prefill_mfu=fit.prefill_mfu,
-                prefill_overhead_ms=fit.prefill_overhead_ms,
-            )
+                calibrated[tp] = (run, *calibration(setup, run, engine, limits, lengths, prof_desc))
+            engine = with_fit(engine, calibrated[tp][1])
         res = replay(setup, run, engine, limits, lengths)
         n = len(run.input_tokens)
         mean_in, mean_out = float(run.input_tokens.mean()), float(run.output_tokens.mean())
@@ -487,6 +605,7 @@ def compare_serve_bench(
                     + (f" ({run.prompt_from_client} from the client tokenizer)" if run.prompt_from_client else "")
                 ),
                 "engine_limits": limits_src,
+                "engine_profile": prof_desc,
             }
         )
     return out_rows, skipped

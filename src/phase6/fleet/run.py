@@ -24,6 +24,7 @@ from phase6.config import HardwareConfig
 from phase6.config.fleet import EngineConfig, FleetRunConfig, FleetWorkloadConfig, SloConfig, parse_policy
 from phase6.cost import run_cost
 from phase6.fleet.analysis import RateSearch, max_rate_within_slo, meets, min_replicas, pd_reason, summarize
+from phase6.fleet.engines import TorchTPStepTime
 from phase6.fleet.sim import EngineLimits, SimResult, Topology, simulate
 from phase6.fleet.steptime import StepTimeModel, build_step_model, kv_capacity_blocks, kv_transfer_s
 from phase6.fleet.workload import RequestClass, Workload, fixed_lengths, load_azure, load_mooncake, synthetic
@@ -66,7 +67,7 @@ class FleetSetup:
     """Everything a simulation needs besides the workload and the topology."""
 
     spec: ModelSpec
-    model: StepTimeModel
+    model: StepTimeModel | TorchTPStepTime
     limits: EngineLimits
     hardware: HardwareConfig
     engine: EngineConfig
@@ -212,7 +213,8 @@ def search_rate(
 def capacity_guess(setup: FleetSetup, replicas: int, inp: int, out: int) -> float:
     """Roofline guess of a colocated fleet's saturation rate (req/s): the smaller of full-batch decode throughput
     and full-budget prefill throughput. Only the first probe of a rate search; results do not depend on it."""
-    lim, m = setup.limits, setup.model
+    lim = setup.limits
+    m = setup.model.base if isinstance(setup.model, TorchTPStepTime) else setup.model  # unpadded: a first guess
     batch = max(1, min(lim.max_num_seqs, lim.kv_blocks // -(-(inp + out) // 512)))
     decode = batch / (out * m.decode_run_s(batch, batch * (inp + out // 2), 1))
     per_step = max(1, lim.max_batched_tokens // inp)  # prompts one prefill step holds
@@ -427,7 +429,9 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
     if a.compare_with:
         from phase6.fleet.compare import compare_serve_bench
 
-        cmp_rows, cmp_skipped = compare_serve_bench(a.compare_with, cfg, setup, a.compare_calibrate, a.compare_lengths)
+        cmp_rows, cmp_skipped = compare_serve_bench(
+            a.compare_with, cfg, setup, a.compare_calibrate, a.compare_lengths, a.compare_profile
+        )
         tables["Simulated vs measured (serve-bench)"] = cmp_rows
         shown = (
             "tp",

@@ -17,6 +17,12 @@ Decode-only runs: when no prefill work is pending, the batch cannot change befor
 the replica schedules one event at the end of those k steps (closed-form sum of step times). An arrival in the
 middle cuts the run at the first step boundary after it. This keeps the event count O(requests), not O(tokens).
 
+Engine profile torch-tp (the model is a :class:`phase6.fleet.engines.TorchTPStepTime`): the replica follows
+phase6.serving.tp_server instead -- whole prompts admitted FCFS while rows are free and (prompts) x (longest prompt)
+fits ``max_batched_tokens`` (= --max-prefill-tokens), each step a decode forward of the running rows at their
+padded (batch, KV length) shape then a prefill forward of the admitted prompts padded to the longest, no prefix
+cache. Decode-only runs work the same way, with the longest running context in place of the context sum.
+
 PD disaggregation: prefill replicas only prefill; at the end of a prompt the request reserves KV on the least-loaded
 decode replica (waiting there if full), its KV is sent over the prefill replica's link (FIFO, bytes / bandwidth),
 and it joins the decode replica's batch at its next step boundary. TTFT ends with the prefill (first token comes from
@@ -36,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from phase6.fleet.engines import TorchTPStepTime
 from phase6.fleet.kvcache import PrefixCache
 from phase6.fleet.steptime import StepTimeModel
 from phase6.fleet.workload import BLOCK_TOKENS, Workload
@@ -148,6 +155,7 @@ class _Req:
         "private",
         "admit_s",
         "prefill_rep",
+        "off",
     )
 
     def __init__(self, i: int, arrival: float, n_in: int, n_out: int, hid: tuple[int, ...], session: int) -> None:
@@ -160,6 +168,7 @@ class _Req:
         self.private = 0
         self.admit_s = -1.0
         self.prefill_rep: Replica | None = None
+        self.off = 0  # torch-tp: context at a decode step = (replica steps before it) + off
 
 
 @dataclass
@@ -195,6 +204,8 @@ class Replica:
         self.step_start = 0.0
         self.run_k = 0  # decode steps in the current event (1 for a mixed step)
         self.run_truncated = True
+        self.run_ctx = 0  # context argument of the current decode run (sum; torch-tp: the longest)
+        self.padded = sim.padded  # torch-tp scheduling and step shapes
         self.chunks: list[tuple[_Req, int]] = []
         self.busy_s = 0.0
         self.link_free_s = 0.0  # prefill role: when its KV-transfer link is idle again
@@ -242,6 +253,9 @@ class Replica:
         return r
 
     def _start_step(self, now: float) -> None:
+        if self.padded:
+            self._start_step_padded(now)
+            return
         if self.role == "decode" and self.ready:
             for r in self.ready:
                 heapq.heappush(self.dheap, (self.steps + r.n_out - 1, r.i, r))
@@ -286,6 +300,43 @@ class Replica:
             dt = model.decode_run_s(self.n_dec, self.ctx_sum, k)
             self.run_k = k
             self.run_truncated = k == 1
+            self.run_ctx = self.ctx_sum
+        else:
+            self.busy = False
+            return
+        self.busy = True
+        self.step_start = now
+        self.gen += 1
+        self.sim.loop.call_in(dt, self._on_step_end, self.gen)
+
+    def _start_step_padded(self, now: float) -> None:
+        """torch-tp (``tp_server.Scheduler.step``): admit whole prompts FCFS while rows are free and (prompts) x
+        (longest prompt) <= the padded-token budget (the first always goes; ``Scheduler._admit``), then one step =
+        decode forward of the running rows + prefill forward of the admitted prompts padded to the longest."""
+        chunks = self.chunks = []
+        waiting, budget = self.waiting, self.budget
+        n = width = 0
+        while waiting and self.n_dec + n < self.max_seqs:
+            w = max(width, waiting[0].n_in)
+            if n and w * (n + 1) > budget:
+                break
+            r = self._admit_head(now)
+            if r is None:
+                break
+            n, width = n + 1, w
+            chunks.append((r, r.n_in))
+        model = self.sim.model
+        max_ctx = self.steps + max(e[2].off for e in self.dheap) if self.n_dec else 0
+        if n:
+            dt = model.padded_step_s(n, width, self.n_dec, max_ctx)
+            self.run_k = 1
+            self.run_truncated = True
+        elif self.n_dec:
+            k = self.dheap[0][0] - self.steps if self.sim.macro else 1
+            dt = model.padded_decode_run_s(self.n_dec, max_ctx, k)
+            self.run_k = k
+            self.run_truncated = k == 1
+            self.run_ctx = max_ctx
         else:
             self.busy = False
             return
@@ -299,13 +350,14 @@ class Replica:
         self.run_truncated = True
         if self.role != "decode" and (len(self.waiting) > 1 or len(self.prefilling) + self.n_dec >= self.max_seqs):
             return  # the newcomer cannot be admitted before the run ends anyway
-        model, d, s, k = self.sim.model, self.n_dec, self.ctx_sum, self.run_k
-        lo = _first_step_reaching(model.decode_run_s, d, s, k, now - self.step_start)
+        model, d, s, k = self.sim.model, self.n_dec, self.run_ctx, self.run_k
+        run_s = model.padded_decode_run_s if self.padded else model.decode_run_s
+        lo = _first_step_reaching(run_s, d, s, k, now - self.step_start)
         if lo == k:
             return
         self.run_k = lo
         self.gen += 1
-        end = self.step_start + model.decode_run_s(d, s, lo)
+        end = self.step_start + run_s(d, s, lo)
         self.sim.loop.call_in(max(end - now, 0.0), self._on_step_end, self.gen)
 
     def _on_step_end(self, gen: int) -> None:
@@ -351,6 +403,7 @@ class Replica:
             heapq.heappush(self.dheap, (self.steps + r.n_out - 1, r.i, r))
             self.n_dec += 1
             self.ctx_sum += r.n_in + 1
+            r.off = r.n_in + 1 - self.steps
         else:  # prefill role: hand over to a decode replica
             self.outstanding -= 1
             r.prefill_rep = self
@@ -475,7 +528,7 @@ class Simulation:
     def __init__(
         self,
         workload: Workload,
-        model: StepTimeModel,
+        model: StepTimeModel | TorchTPStepTime,
         limits: EngineLimits,
         topology: Topology,
         router: str,
@@ -488,7 +541,20 @@ class Simulation:
     ) -> None:
         if router not in ROUTER_NAMES:
             raise ValueError(f"fleet.routers: unknown router {router!r}; known: {', '.join(ROUTER_NAMES)}")
-        if limits.max_batched_tokens < limits.max_num_seqs:
+        self.padded = isinstance(model, TorchTPStepTime)
+        if self.padded:
+            tt = model.engine  # type: ignore[attr-defined]
+            if topology.is_pd:
+                raise ValueError(
+                    f"fleet.policies: {topology.name} needs KV transfer between replicas; engine.profile=torch-tp "
+                    "(phase6.serving.tp_server) has none: use colocated"
+                )
+            if (tt.max_batch, tt.max_prefill_tokens) != (limits.max_num_seqs, limits.max_batched_tokens):
+                raise ValueError(
+                    f"torch-tp: step model built for --max-batch {tt.max_batch} / --max-prefill-tokens "
+                    f"{tt.max_prefill_tokens}, limits say {limits.max_num_seqs} / {limits.max_batched_tokens}"
+                )
+        elif limits.max_batched_tokens < limits.max_num_seqs:
             raise ValueError(
                 f"engine.max_batched_tokens ({limits.max_batched_tokens}) must be >= engine.max_num_seqs "
                 f"({limits.max_num_seqs}): every running sequence needs its decode token each step"
@@ -528,6 +594,15 @@ class Simulation:
 
     def _check_fits(self) -> None:
         w = self.w
+        if self.padded and len(w):
+            ml = self.model.engine.max_model_len  # type: ignore[attr-defined]
+            tot = w.input_tokens + w.output_tokens
+            if int(tot.max()) > ml:
+                i = int(tot.argmax())
+                raise ValueError(
+                    f"{w.source}: request {i} has {int(w.input_tokens[i])} + {int(w.output_tokens[i])} tokens, more "
+                    f"than a torch-tp KV row holds (--max-model-len {ml}); drop it with workload.max_tokens"
+                )
         need = -(-(w.input_tokens + w.output_tokens) // BLOCK_TOKENS)
         worst = int(need.max()) if len(need) else 0
         if worst > self.limits.kv_blocks:
@@ -548,7 +623,7 @@ class Simulation:
     def _arrive(self, i: int) -> None:
         w = self.w
         now = self.loop.now
-        hid = w.hash_ids[i] if w.hash_ids is not None else ()
+        hid = w.hash_ids[i] if w.hash_ids is not None and not self.padded else ()  # torch-tp: no prefix cache
         r = _Req(i, now, int(w.input_tokens[i]), int(w.output_tokens[i]), hid, int(w.session[i]))
         self.arr[i] = now
         r.blocks = -(-(r.n_in + r.n_out) // BLOCK_TOKENS) if not self.topology.is_pd else -(-r.n_in // BLOCK_TOKENS)
@@ -684,7 +759,12 @@ class _TransferDone:
 
 
 def simulate(
-    workload: Workload, model: StepTimeModel, limits: EngineLimits, topology: Topology, router: str, **kw: Any
+    workload: Workload,
+    model: StepTimeModel | TorchTPStepTime,
+    limits: EngineLimits,
+    topology: Topology,
+    router: str,
+    **kw: Any,
 ) -> SimResult:
     """Build and run one :class:`Simulation`."""
     return Simulation(workload, model, limits, topology, router, **kw).run()

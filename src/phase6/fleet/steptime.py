@@ -23,6 +23,7 @@ from typing import Protocol
 from phase6.config import HardwareConfig
 from phase6.config.fleet import EngineConfig
 from phase6.config.plan import EfficiencyConfig
+from phase6.fleet.engines import TorchTPEngine, TorchTPStepTime, kv_rows_blocks
 from phase6.fleet.workload import BLOCK_TOKENS
 from phase6.plan.memory import serve_memory
 from phase6.plan.model import ModelSpec
@@ -157,8 +158,21 @@ def planner_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfi
     )
 
 
-def build_step_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> StepTimeModel:
-    """engine.step_time=planner -> ServeCostModel; =table -> TableStepTime from a serve-bench results.json."""
+def torch_tp_engine(engine: EngineConfig) -> TorchTPEngine | None:
+    """The torch-tp server flags of ``engine`` (profile torch-tp), else None."""
+    if engine.profile != "torch-tp":
+        return None
+    return TorchTPEngine(engine.max_num_seqs, engine.max_batched_tokens, engine.max_model_len, engine.cuda_graphs)
+
+
+def build_step_model(
+    spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig
+) -> StepTimeModel | TorchTPStepTime:
+    """engine.step_time=planner -> ServeCostModel (profile torch-tp: wrapped in TorchTPStepTime, the server's padded
+    shapes); =table -> TableStepTime from a serve-bench results.json."""
+    tt = torch_tp_engine(engine)
+    if tt is not None:
+        return TorchTPStepTime(planner_model(spec, hardware, engine), tt)
     if engine.step_time == "table":
         assert engine.table_path is not None and engine.table_input_tokens is not None
         return TableStepTime.from_serve_bench(engine.table_path, engine.table_input_tokens)
@@ -166,9 +180,13 @@ def build_step_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineCo
 
 
 def kv_capacity_blocks(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> int:
-    """512-token KV blocks one replica holds (planner's serve_memory: utilisation x HBM - weights - overhead)."""
+    """512-token KV blocks one replica holds (planner's serve_memory: utilisation x HBM - weights - overhead;
+    profile torch-tp: its static cache, --max-batch rows of --max-model-len positions)."""
     if engine.kv_blocks is not None:
         return engine.kv_blocks
+    tt = torch_tp_engine(engine)
+    if tt is not None:
+        return kv_rows_blocks(tt, BLOCK_TOKENS)
     mem = serve_memory(
         spec,
         engine.tp,

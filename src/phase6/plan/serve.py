@@ -119,6 +119,19 @@ class ServeCostModel:
         step = max(compute, memory) + per[4] + self.p2p_s + self.overhead_s
         return step + self.prefill_overhead_s if prefill_tokens > 0 else step
 
+    def forward_s(self, tokens: int, pairs: float, kv_read_tokens: int) -> float:
+        """One forward pass without the fixed step / prefill overheads: max(compute, memory) + TP all-reduces +
+        pipeline p2p, for ``tokens`` tokens through the matmuls, ``pairs`` attention (query, key) pairs and the KV of
+        ``kv_read_tokens`` cached tokens read from HBM. ``step_s(p, pp, d, ctx)`` is ``forward_s(p + d, pp + ctx,
+        ctx)`` plus the overheads; engines that run decode and prefill as separate forwards (phase6.fleet.engines)
+        add several of these."""
+        if tokens <= 0:
+            return 0.0
+        per = self._per_tokens.get(tokens) or self._tokens_terms(tokens)
+        compute = (per[0] + self.attn_flops_per_pair * pairs) / self.flops_per_s
+        memory = (per[2] + self.kv_bytes_per_token * kv_read_tokens) / self.bytes_per_s
+        return max(compute, memory) + per[4] + self.p2p_s
+
     def _tokens_terms(self, tokens: int) -> tuple[float, float, float, float, float, float]:
         """(matmul FLOPs, attention s per context token, weight bytes read, KV s per context token, all-reduce s,
         fixed s = all-reduces + pipeline p2p + step overhead) of a step of ``tokens`` tokens."""
