@@ -121,3 +121,24 @@ def test_bench_bad_flags_are_one_line_errors() -> None:
         main(["--device", "cpu", "--levers", "cudnn,fp8"])
     with pytest.raises(ValueError, match="seq-len"):
         main(["--device", "cpu", "--preset", "gpt2_tiny", "--seq-len", "4096", "--rows", "baseline"])
+
+
+@pytest.mark.parametrize(
+    "kernel, category",
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_kernel__5x_cublas", "gemm"),
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT", "gemm"),
+        ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64_64x4_tn_align8>(Params)", "gemm"),
+        ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64>>", "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64", "attention"),
+        ("triton_per_fused__to_copy_add_native_layer_norm_0", "inductor fused (triton)"),
+        ("void at::native::(anonymous)::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>", "optimizer"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "copy / fill"),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "other"),
+    ],
+)
+def test_profile_kernel_categories(kernel: str, category: str) -> None:
+    """--profile sorts real CUDA kernel names (from H100/H200 traces) into the categories of its table."""
+    from phase6.bench.pretrain import kernel_category
+
+    assert kernel_category(kernel) == category

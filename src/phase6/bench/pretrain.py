@@ -264,6 +264,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=15, help="timed steps per row")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per row (the first compiles)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="profile N more steps of each of our rows: GPU ms per step by kernel type",
+    )
     p.add_argument("--out", default=None, help="write the table as JSON here")
     p.add_argument("--worker", choices=["single", "ddp", "fsdp2"], help=argparse.SUPPRESS)  # child process
     p.add_argument("--worker-levers", default="", help=argparse.SUPPRESS)
@@ -422,9 +428,47 @@ def run_setup(
             rows.append(
                 row(name, levers, B, accum, warm, times, tokens, flops_tok, peak, info.world_size, peak_mem(device))
             )
+            if args.profile and accum == 1 and info.is_main:
+                step = make_step(pmodel, model, opt, batch, accum, autocast)
+                rows[-1]["kernel_ms"] = kernel_breakdown(step, args.profile, device)
     finally:
         del model, pmodel, opt
     return rows
+
+
+# kernel-name patterns -> category of `--profile` (first match wins; matched against the lower-cased CUDA kernel name)
+KERNEL_CATEGORIES = (
+    ("attention", ("flash", "fmha", "attention", "cudnn")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "scaled_mm", "matmul", "sm90_", "sm80_")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("inductor fused (triton)", ("triton",)),
+    ("copy / fill", ("copy", "fill", "memset", "memcpy")),
+)
+
+
+def kernel_category(name: str) -> str:
+    lname = name.lower()
+    return next((cat for cat, keys in KERNEL_CATEGORIES if any(k in lname for k in keys)), "other")
+
+
+def kernel_breakdown(step: Callable[[], torch.Tensor], steps: int, device: torch.device) -> dict[str, float]:
+    """GPU kernel time per optimizer step by category (torch.profiler over `steps` steps after the timed ones): where
+    the step's milliseconds go, measured rather than estimated. Sum = GPU busy time; step ms - sum = GPU idle."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type != "cuda":
+        return {}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step().item()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", 0.0) or 0.0
+        if us and ev.device_type == torch.autograd.DeviceType.CUDA:
+            cat = kernel_category(ev.key)
+            totals[cat] = totals.get(cat, 0.0) + us / 1e3 / steps
+    return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
 def bench_hf(args: argparse.Namespace, mcfg: ModelConfig, info: DistInfo, peak: float) -> dict[str, Any]:
@@ -692,8 +736,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for r in rows:
             if r.get("tokens/s"):
                 r["vs baseline %"] = 100 * (r["tokens/s"] / base["tokens/s"] - 1)
+    profiled = [(r["row"], r.get("step ms"), r.pop("kernel_ms")) for r in rows if "kernel_ms" in r]
     print("\n" + markdown(rows), flush=True)
-    if accums:
+    prof_rows = [
+        {"row": name, "step ms": ms, **cats, "GPU busy ms": sum(cats.values()), "idle ms": ms - sum(cats.values())}
+        for name, ms, cats in profiled
+        if cats and ms
+    ]
+    if prof_rows:
+        print(f"\nGPU kernel ms per step (torch.profiler, {args.profile} steps after the timed ones)", flush=True)
+        print(markdown(prof_rows), flush=True)
         print(f"\ncombined config as training overrides: {combined_setup.overrides()}", flush=True)
     print(f"wall time {args.budget_s - budget.left():.0f} s of --budget-s {args.budget_s:.0f}", flush=True)
     if args.out:
@@ -708,6 +760,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             "combined_overrides": combined_setup.overrides(),
             "wall_s": args.budget_s - budget.left(),
             "rows": rows,
+            "kernel_ms": [{"row": n, "step ms": ms, **c} for n, ms, c in profiled],
         }
         Path(args.out).write_text(json.dumps(report, indent=2))
     return rows
