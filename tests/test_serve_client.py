@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
+import resource
 import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
+from aiohttp.client_proto import ResponseHandler
 
-from phase6.serving import scripted_server
+from phase6.serving import client, scripted_server
 from phase6.serving.client import RequestResult, _parse_event, _Stream, run_benchmark
 from phase6.serving.workload import build_schedule
 
@@ -158,6 +162,44 @@ def test_a_stalled_server_ends_the_run_after_one_wave_of_timeouts(server) -> Non
     assert out.completed == 0 and out.failed == out.sent and out.sent + out.not_sent == 40 and out.not_sent > 0
 
 
+@pytest.mark.parametrize("timed", [True, False])
+def test_chunk_times_are_taken_when_the_bytes_arrive(server, monkeypatch: pytest.MonkeyPatch, timed: bool) -> None:
+    """Each socket read holds the loop 10 ms after it is stamped (as 256 streams' callbacks can): the stamped
+    times stay on the script; stamping when the reading coroutine resumes (the fallback) counts the hold."""
+    orig = ResponseHandler.data_received
+
+    def slow_read(self: ResponseHandler, data: bytes) -> None:  # TimedResponseHandler stamps before this runs
+        orig(self, data)
+        time.sleep(0.01)
+
+    monkeypatch.setattr(ResponseHandler, "data_received", slow_read)
+    if not timed:  # a connector without the hook: the chunk times fall back to when the reader resumes
+        monkeypatch.setattr(client, "_timed_connector", lambda **kw: aiohttp.TCPConnector(**kw))
+    r = run(server, [1], send_time_header=True).results[0]
+    assert r.ok and r.chunk_tokens == [1, 3, 2]
+    if timed:
+        assert r.ttft_s == pytest.approx(0.05, abs=0.003)
+        assert r.chunk_gaps_s() == pytest.approx([0.04, 0.02], abs=0.003)
+    else:
+        assert r.ttft_s > 0.058
+
+
+def test_the_run_grows_the_descriptor_table_and_pauses_the_collector(server) -> None:
+    seen: list[tuple[bool, int]] = []
+
+    def on_start(_: float) -> None:
+        fdsize = int(Path("/proc/self/status").read_text().split("FDSize:")[1].split()[0])
+        seen.append((gc.isenabled(), fdsize))
+
+    assert gc.isenabled()
+    out = run(server, [0, 1], on_start=on_start)
+    assert out.completed == 2 and gc.isenabled()  # collector back on after the run
+    enabled, fdsize = seen[0]
+    assert not enabled
+    # no kernel fd-table doubling (an RCU grace period of 10-20 ms in a threaded process) once the run is going
+    assert fdsize >= min(16384, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
 def test_sse_parser_handles_comments_multiline_data_and_errors() -> None:
     r, s = RequestResult(0, 0.0), _Stream()
     _parse_event(b": keep-alive", 0.1, r, s)
@@ -252,10 +294,9 @@ def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> 
     assert peak >= 240, report
     assert abs(offered / rate - 1) < 0.01, report
     assert np.percentile(ttft_err, 50) <= 1.0 and np.percentile(itl_err, 50) <= 1.0, report
-    # The 3 ms p99 bound needs idle cores for the whole run: one scheduler hiccup of ~10 ms delays ~1 % of the
-    # samples of ~280 open streams. It is enforced when asked (PHASE6_STRICT_TIMING=1) and measured, with the
-    # machine's load, by projects/6b_serving/bench_client.py (docs/benchmarks.md); the default suite keeps a bound
-    # that still catches a harness that mis-times chunks (tens of ms) without failing CI on a preemption.
-    p99_bound = 3.0 if os.environ.get("PHASE6_STRICT_TIMING") == "1" else 25.0
-    assert np.percentile(ttft_err, 99) <= p99_bound and np.percentile(itl_err, 99) <= p99_bound, report
+    # The 3 ms p99 bound is what the client is for, asserted by default: the chunk times are stamped in the socket
+    # callback, the collector is off and the descriptor table pre-grown during the run, and the scripted server
+    # writes from timer callbacks (docs/benchmarks.md, "Strict 256-stream timing test"). Only a run that other
+    # processes crowded (skipped above) is exempt.
+    assert np.percentile(ttft_err, 99) <= 3.0 and np.percentile(itl_err, 99) <= 3.0, report
     assert not any(math.isnan(x) for x in ttft_err)

@@ -30,15 +30,14 @@ import argparse
 import asyncio
 import gc
 import json
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
-from phase6.serving.client import PreciseEpollSelector
+from phase6.serving.client import PreciseEpollSelector, _raise_nofile_limit
 from phase6.serving.server import Server, free_port, module_env
 
 FAULTS = (None, "http500", "stall", "disconnect", "malformed", "no_finish")
@@ -117,142 +116,258 @@ def _prompt_of(body: dict[str, Any]) -> str:
     return str(body.get("prompt", ""))
 
 
-def build_app(scripts: list[dict[str, Any]]) -> web.Application:
-    state = {"running": 0, "generated": 0, "requests": 0}
-    late: list[float] = []  # how late each content chunk was written (s after its target): the server's own error
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+_STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+)
+_MAX_HEAD = 1 << 16
 
-    async def sleep_until(loop: asyncio.AbstractEventLoop, target: float) -> None:
-        delay = target - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
 
-    async def complete(request: web.Request) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        # the client's send time when it tells us (same host, same CLOCK_MONOTONIC as loop.time()), so the
-        # script is the latency the client should observe; else our own receive time
-        sent = request.headers.get("x-send-time")
-        t_recv = float(sent) if sent else loop.time()
-        body = await request.json()
-        chat = request.path.endswith("/chat/completions")
-        prompt = _prompt_of(body)
-        idx = int(prompt.split(":", 1)[1]) if prompt.startswith("script:") else 0
-        sc = scripts[idx % len(scripts)]
-        state["requests"] += 1
-        if sc["fault"] == "http500":
-            return web.json_response({"error": {"message": "scripted failure", "code": 500}}, status=500)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        state["running"] += 1
+def _chunk(data: bytes) -> bytes:
+    """One HTTP/1.1 chunk of the response body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class _State:
+    """What the server has done so far (for /metrics and /lateness)."""
+
+    def __init__(self, scripts: list[dict[str, Any]]) -> None:
+        self.scripts = scripts
+        self.running = 0
+        self.generated = 0
+        self.requests = 0
+        self.late: list[float] = []  # how late each content chunk was written (s after its target)
+        self.late_at: list[tuple[int, int]] = []  # (script index, chunk index) of each entry of ``late``
+
+
+class _Stream:
+    """One scripted SSE response: every chunk is a ``loop.call_at`` callback at its absolute target time that
+    writes straight to the transport (no task switch, no per-chunk coroutine between the timer and the write)."""
+
+    def __init__(self, conn: _Connection, idx: int, chat: bool, t_recv: float) -> None:
+        st = conn.state
+        self.conn, self.idx, self.chat = conn, idx, chat
+        self.sc = st.scripts[idx % len(st.scripts)]
+        st.requests += 1
+        st.running += 1
+        self.open = True
+        self.i = 0
+        self.total = 0
+        self.target = t_recv + self.sc["ttft_s"]
         obj = "chat.completion.chunk" if chat else "text_completion"
-        rid = f"scripted-{state['requests']}"
+        self.head = f'data: {{"id": "scripted-{st.requests}", "object": "{obj}", "model": "scripted", "choices": ['
+        first = _STREAM_HEAD
+        if chat:  # role-only opening chunk, as vLLM and transformers send it: not a token
+            first += _chunk(self.event('{"index": 0, "delta": {"role": "assistant"}}'))
+        conn.transport.write(first)  # type: ignore[union-attr]
+        self.handle: asyncio.TimerHandle | None = conn.loop.call_at(self.target, self.emit)
 
-        head = f'data: {{"id": "{rid}", "object": "{obj}", "model": "scripted", "choices": ['
+    def event(self, choice: str, usage: int | None = None) -> bytes:
+        # formatted by hand: json.dumps per chunk would dominate this server's CPU at 256 streams
+        tail = (
+            "]"
+            if usage is None
+            else f'], "usage": {{"prompt_tokens": 7, "completion_tokens": {usage}, "total_tokens": {7 + usage}}}'
+        )
+        return f"{self.head}{choice}{tail}}}\n\n".encode()
 
-        def event(choice: str, usage: int | None = None) -> bytes:
-            # formatted by hand: json.dumps per chunk would dominate this server's CPU at 256 streams
-            tail = (
-                "]"
-                if usage is None
-                else (f'], "usage": {{"prompt_tokens": 7, "completion_tokens": {usage}, "total_tokens": {7 + usage}}}')
-            )
-            return f"{head}{choice}{tail}}}\n\n".encode()
+    def piece(self, text: str, finish: str | None = None) -> str:
+        fin = "null" if finish is None else f'"{finish}"'
+        if self.chat:
+            return f'{{"index": 0, "delta": {{"content": "{text}"}}, "finish_reason": {fin}}}'
+        return f'{{"index": 0, "text": "{text}", "finish_reason": {fin}}}'
 
-        def piece(text: str, finish: str | None = None) -> str:
-            fin = "null" if finish is None else f'"{finish}"'
-            if chat:
-                return f'{{"index": 0, "delta": {{"content": "{text}"}}, "finish_reason": {fin}}}'
-            return f'{{"index": 0, "text": "{text}", "finish_reason": {fin}}}'
+    def emit(self) -> None:
+        self.handle = None
+        conn, sc, st = self.conn, self.sc, self.conn.state
+        transport = conn.transport
+        if not self.open or transport is None:
+            return
+        i = self.i
+        k = sc["tokens"][i]
+        if sc["fault"] in ("stall", "disconnect", "malformed") and i == sc["fault_at"]:
+            if sc["fault"] == "stall":  # keep the connection open, send nothing more
+                return
+            if sc["fault"] == "disconnect":
+                self.close()
+                transport.abort()
+                return
+            out = _chunk(b'data: {"choices": [{"delta": {"content": "broken\n\n')
+        else:
+            st.late.append(conn.loop.time() - self.target)
+            st.late_at.append((self.idx, i))
+            self.total += k
+            usage = self.total if sc["usage"] == "continuous" else None
+            out = _chunk(self.event(self.piece("tok " * k), usage))
+            st.generated += k
+        self.i += 1
+        if self.i < len(sc["tokens"]):
+            transport.write(out)
+            self.target += sc["gaps_s"][i]
+            self.handle = conn.loop.call_at(self.target, self.emit)
+            return
+        if sc["fault"] != "no_finish":  # the last content chunk, its finish chunk and [DONE] in one write
+            out += _chunk(self.event(self.piece("", "length"), None if sc["usage"] == "none" else self.total))
+            if sc["done"]:
+                out += _chunk(b"data: [DONE]\n\n")
+        transport.write(out + b"0\r\n\r\n")
+        self.close()
+        conn.response_done()
 
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            self.conn.state.running -= 1
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
+class _Connection(asyncio.Protocol):
+    """HTTP/1.1 keep-alive connection, one request at a time (what OpenAI-compatible clients send)."""
+
+    def __init__(self, state: _State, loop: asyncio.AbstractEventLoop) -> None:
+        self.state, self.loop = state, loop
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.busy = False
+        self.keep_alive = True
+        self.stream: _Stream | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.stream is not None:
+            self.stream.close()
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.busy:
+            self.next_request()
+
+    def response_done(self) -> None:
+        self.busy, self.stream = False, None
+        if not self.keep_alive:
+            if self.transport is not None:
+                self.transport.close()
+            return
+        if self.buf:
+            self.next_request()
+
+    def respond(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        assert self.transport is not None
+        head = (
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n{'' if self.keep_alive else 'Connection: close' + chr(13) + chr(10)}\r\n"
+        )
+        self.transport.write(head.encode() + body)
+        self.response_done()
+
+    def next_request(self) -> None:
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buf) > _MAX_HEAD and self.transport is not None:
+                self.transport.close()
+            return
+        lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
         try:
-            if chat:  # role-only opening chunk, as vLLM and transformers send it: not a token
-                await resp.write(event('{"index": 0, "delta": {"role": "assistant"}}'))
-            target = t_recv + sc["ttft_s"]
-            total = 0
-            for i, k in enumerate(sc["tokens"]):
-                if i > 0:
-                    target += sc["gaps_s"][i - 1]
-                if sc["fault"] in ("stall", "disconnect", "malformed") and i == sc["fault_at"]:
-                    await sleep_until(loop, target)
-                    if sc["fault"] == "stall":
-                        await asyncio.sleep(3600)
-                    if sc["fault"] == "disconnect":
-                        assert request.transport is not None
-                        request.transport.abort()
-                        return resp
-                    await resp.write(b'data: {"choices": [{"delta": {"content": "broken\n\n')
-                    continue
-                await sleep_until(loop, target)
-                late.append(loop.time() - target)
-                total += k
-                await resp.write(event(piece("tok " * k), total if sc["usage"] == "continuous" else None))
-                state["generated"] += k
-            if sc["fault"] != "no_finish":
-                await resp.write(event(piece("", "length"), None if sc["usage"] == "none" else total))
-                if sc["done"]:
-                    await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
-        finally:
-            state["running"] -= 1
-        return resp
+            method, target, version = lines[0].split(" ", 2)
+            headers = {}
+            for line in lines[1:]:
+                k, v = line.split(":", 1)
+                headers[k.strip().lower()] = v.strip()
+            n = int(headers.get("content-length", "0"))
+        except ValueError:
+            self.keep_alive = False
+            self.busy = True
+            self.respond(400, b'{"error": {"message": "bad request", "code": 400}}')
+            return
+        if len(self.buf) < end + 4 + n:
+            return  # body not complete yet
+        body = bytes(self.buf[end + 4 : end + 4 + n])
+        del self.buf[: end + 4 + n]
+        self.busy = True
+        self.keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        self.handle(method, target.split("?", 1)[0], headers, body)
 
-    async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+        st = self.state
+        if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+            # the client's send time when it tells us (same host, same CLOCK_MONOTONIC as loop.time()), so the
+            # script is the latency the client should observe; else our own receive time
+            sent = headers.get("x-send-time")
+            t_recv = float(sent) if sent else self.loop.time()
+            try:
+                req = json.loads(body)
+            except ValueError:
+                self.respond(400, b'{"error": {"message": "body is not JSON", "code": 400}}')
+                return
+            prompt = _prompt_of(req) if isinstance(req, dict) else ""
+            idx = int(prompt.split(":", 1)[1]) if prompt.startswith("script:") else 0
+            if st.scripts[idx % len(st.scripts)]["fault"] == "http500":
+                st.requests += 1
+                self.respond(500, b'{"error": {"message": "scripted failure", "code": 500}}')
+                return
+            self.stream = _Stream(self, idx, path.endswith("/chat/completions"), t_recv)
+            return
+        if method != "GET":
+            self.respond(405 if path in _GET_PATHS else 404, b'{"error": {"message": "not found", "code": 404}}')
+            return
+        if path == "/health":
+            self.respond(200, b'{"status": "ok"}')
+        elif path == "/v1/models":
+            self.respond(200, b'{"object": "list", "data": [{"id": "scripted", "object": "model"}]}')
+        elif path == "/version":
+            self.respond(200, b'{"version": "scripted-1"}')
+        elif path == "/lateness":
+            # emission error of every content chunk so far (seconds after target): separates server from client
+            self.respond(200, json.dumps({"late_s": st.late, "script_chunk": st.late_at}).encode())
+        elif path == "/metrics":
+            lines = [
+                "# TYPE vllm:num_requests_running gauge",
+                f'vllm:num_requests_running{{model_name="scripted"}} {st.running}',
+                "# TYPE vllm:num_requests_waiting gauge",
+                'vllm:num_requests_waiting{model_name="scripted"} 0',
+                "# TYPE vllm:kv_cache_usage_perc gauge",
+                f'vllm:kv_cache_usage_perc{{model_name="scripted"}} {min(1.0, st.running / 256):.4f}',
+                "# TYPE vllm:generation_tokens_total counter",
+                f'vllm:generation_tokens_total{{model_name="scripted"}} {st.generated}',
+            ]
+            self.respond(200, ("\n".join(lines) + "\n").encode(), "text/plain; version=0.0.4")
+        else:
+            self.respond(404, b'{"error": {"message": "not found", "code": 404}}')
 
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
-    async def version(_: web.Request) -> web.Response:
-        return web.json_response({"version": "scripted-1"})
-
-    async def lateness(_: web.Request) -> web.Response:
-        """Emission error of every content chunk so far (seconds after target): separates server from client."""
-        return web.json_response({"late_s": late})
-
-    async def metrics(_: web.Request) -> web.Response:
-        lines = [
-            "# TYPE vllm:num_requests_running gauge",
-            f'vllm:num_requests_running{{model_name="scripted"}} {state["running"]}',
-            "# TYPE vllm:num_requests_waiting gauge",
-            'vllm:num_requests_waiting{model_name="scripted"} 0',
-            "# TYPE vllm:kv_cache_usage_perc gauge",
-            f'vllm:kv_cache_usage_perc{{model_name="scripted"}} {min(1.0, state["running"] / 256):.4f}',
-            "# TYPE vllm:generation_tokens_total counter",
-            f'vllm:generation_tokens_total{{model_name="scripted"}} {state["generated"]}',
-        ]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
-
-    app = web.Application()
-    app.add_routes(
-        [
-            web.post("/v1/chat/completions", complete),
-            web.post("/v1/completions", complete),
-            web.get("/health", health),
-            web.get("/v1/models", models),
-            web.get("/version", version),
-            web.get("/metrics", metrics),
-            web.get("/lateness", lateness),
-        ]
-    )
-    return app
+_GET_PATHS = ("/health", "/v1/models", "/version", "/lateness", "/metrics")
 
 
 def serve(scripts: list[dict[str, Any]], host: str, port: int) -> None:
+    _raise_nofile_limit()  # as the client: room for thousands of connections, descriptor table grown up front
     loop = asyncio.SelectorEventLoop(PreciseEpollSelector())
     asyncio.set_event_loop(loop)
-    runner = web.AppRunner(build_app(scripts), access_log=None, handle_signals=True)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, host, port, backlog=4096)
-    loop.run_until_complete(site.start())
+    state = _State(scripts)
+    srv = loop.run_until_complete(loop.create_server(lambda: _Connection(state, loop), host, port, backlog=4096))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, loop.stop)
     gc.collect()
-    gc.freeze()  # as the client: no full collections (ms pauses) while it emits scripted chunks
-    gc.set_threshold(gc.get_threshold()[0], gc.get_threshold()[1], 1 << 30)
+    gc.freeze()  # as the client: no collector pauses (ms each) while it emits scripted chunks
+    gc.disable()
+
+    def gc_valve() -> None:  # the server makes next to no cyclic garbage; collect if tracked objects pile up
+        if gc.get_count()[0] > 2_000_000:
+            gc.collect(1)
+        loop.call_later(1.0, gc_valve)
+
+    loop.call_later(1.0, gc_valve)
     print(f"scripted server on http://{host}:{port} ({len(scripts)} scripts) at {time.time():.3f}", flush=True)
     try:
         loop.run_forever()
     finally:
-        loop.run_until_complete(runner.cleanup())
+        srv.close()
+        loop.close()
 
 
 def main(argv: list[str] | None = None) -> None:
