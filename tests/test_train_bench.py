@@ -118,7 +118,7 @@ def test_bench_bad_flags_are_one_line_errors() -> None:
     with pytest.raises(ValueError, match="--rows"):
         main(["--device", "cpu", "--rows", "ours,nanogpt"])
     with pytest.raises(ValueError, match="--levers"):
-        main(["--device", "cpu", "--levers", "cudnn,fp8"])
+        main(["--device", "cpu", "--levers", "cudnn,fp4"])
     with pytest.raises(ValueError, match="seq-len"):
         main(["--device", "cpu", "--preset", "gpt2_tiny", "--seq-len", "4096", "--rows", "baseline"])
 
@@ -126,7 +126,10 @@ def test_bench_bad_flags_are_one_line_errors() -> None:
 @pytest.mark.parametrize(
     "kernel, category",
     [
-        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_kernel__5x_cublas", "gemm"),
+        (
+            "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_kernel__5x_cublas",
+            "gemm",
+        ),
         ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT", "gemm"),
         ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64_64x4_tn_align8>(Params)", "gemm"),
         ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64>>", "attention"),

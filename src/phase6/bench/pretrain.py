@@ -746,6 +746,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if prof_rows:
         print(f"\nGPU kernel ms per step (torch.profiler, {args.profile} steps after the timed ones)", flush=True)
         print(markdown(prof_rows), flush=True)
+    if accums:
         print(f"\ncombined config as training overrides: {combined_setup.overrides()}", flush=True)
     print(f"wall time {args.budget_s - budget.left():.0f} s of --budget-s {args.budget_s:.0f}", flush=True)
     if args.out:
