@@ -38,6 +38,9 @@ def test_lever_within_the_seed_spread_passes(tmp_path: Path) -> None:
     assert by["float8=tensorwise"]["delta_final"] == pytest.approx(0.0267, abs=1e-4)
     assert by["float8=tensorwise"]["tolerance"] == "0.0300 / 0.0300"
     assert by["float8=tensorwise"]["equal_loss"] == "yes"
+    # paired with seed 0 (its default run): |6.03 - 6.00| at step 10, |5.54 - 5.50| = 0.04 at step 20
+    assert by["float8=tensorwise"]["paired_max_abs_delta"] == pytest.approx(0.04)
+    assert by["default"]["paired_max_abs_delta"] is None
 
 
 def test_lever_outside_the_tolerance_fails(tmp_path: Path) -> None:

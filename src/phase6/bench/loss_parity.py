@@ -9,7 +9,8 @@ when, at the final evaluation and at the curve's minimum, its mean val loss lies
     tolerance = max(--tol, max - min of the default seeds' values)
 
 of the default seeds' mean. --tol (default 0.02 nats) is the floor: two seeds can agree by chance closer than the
-noise of a longer run. Runs must share the data, steps and evaluation cadence (checked: the val steps must match).
+noise of a longer run. Shown beside the verdict (not part of it): paired_max_abs_delta, the largest |val loss
+difference| at any evaluation between a lever run and the default run of the same seed (same init and data order). Runs must share the data, steps and evaluation cadence (checked: the val steps must match).
 
     phase6 pretrain -m experiment=loss_parity_gpu run.seed=0,1,2
     phase6 pretrain -m experiment=loss_parity_gpu model.float8=tensorwise,rowwise
@@ -89,7 +90,11 @@ def compare(curves: list[Curve], tol: float = 0.02) -> list[dict[str, Any]]:
     tol_final = max(tol, max(base_final) - min(base_final))
     tol_min = max(tol, max(base_min) - min(base_min))
     rows = []
+    base_by_seed = {c.seed: c for c in base}
     for label, group in sorted(groups.items(), key=lambda kv: kv[0] != "default"):
+        # paired: the same seed (same init, same data order) with and without the lever; what is left is the lever's
+        # numerics plus kernel nondeterminism, without the seed-to-seed spread
+        paired = [abs(c.val[s] - base_by_seed[c.seed].val[s]) for c in group if c.seed in base_by_seed for s in c.val]
         final = statistics.mean(c.final for c in group)
         minimum = statistics.mean(c.minimum for c in group)
         d_final = final - statistics.mean(base_final)
@@ -104,6 +109,7 @@ def compare(curves: list[Curve], tol: float = 0.02) -> list[dict[str, Any]]:
                 "delta_final": round(d_final, 4),
                 "delta_min": round(d_min, 4),
                 "tolerance": f"{tol_final:.4f} / {tol_min:.4f}",
+                "paired_max_abs_delta": round(max(paired), 4) if paired and label != "default" else None,
                 "equal_loss": "reference"
                 if label == "default"
                 else ("yes" if abs(d_final) <= tol_final and abs(d_min) <= tol_min else "NO"),
