@@ -339,3 +339,23 @@ def test_bpe_prep_ships_its_tokenizer(tmp_path: Path, corpus: tuple[Path, list[s
     # a resumed BPE prep reuses the trained file; a changed BPE setting is refused, not silently ignored
     with pytest.raises(ValueError, match="cannot resume: bpe"):
         prepare_shards(_cfg(tmp_path, src, "bpe", tokenizer="bpe", bpe_vocab_size=320), show_progress=False)
+
+
+def test_local_path_comma_list_reads_files_in_the_given_order(tmp_path: Path) -> None:
+    """data.local_path='a.jsonl,dir,b.txt': the files in the order listed (a directory expands sorted), so the
+    first file's documents become the val shard; a file listed twice is an error naming it."""
+    from phase6.data.sources import local_files
+
+    (tmp_path / "web.jsonl").write_text('{"text": "web one"}\n{"text": "web two"}\n')
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "b.txt").write_text("book b")
+    (tmp_path / "books" / "a.txt").write_text("book a")
+    (tmp_path / "z.txt").write_text("last")
+    spec = f"{tmp_path / 'web.jsonl'}, {tmp_path / 'books'},{tmp_path / 'z.txt'}"
+    files = local_files(spec)
+    assert [f.name for f in files] == ["web.jsonl", "a.txt", "b.txt", "z.txt"]
+    assert list(local_documents(files, "text")) == ["web one", "web two", "book a", "book b", "last"]
+    with pytest.raises(ValueError, match=r"z\.txt: listed twice in data\.local_path"):
+        local_files(f"{tmp_path / 'z.txt'},{tmp_path / 'z.txt'}")
+    with pytest.raises(ValueError, match=r"missing\.txt: data\.local_path does not exist"):
+        local_files(f"{tmp_path / 'z.txt'},{tmp_path / 'missing.txt'}")
