@@ -168,7 +168,9 @@ def test_calibration_on_c1_predicts_c16_c64(tmp_path: Path) -> None:
     for k, v in PLANTED.items():
         assert getattr(fit, k) == pytest.approx(v, rel=1e-4), k
     out, _ = compare_serve_bench(sweep, cfg, setup)
-    assert [o["role"] for o in out] == ["calibration (fitted here)", "prediction", "prediction"]
+    # C=16 is the second calibration run (torch-tp new-prefill-shape cost; the planted engine has none: 0 ms)
+    assert [o["role"] for o in out] == ["calibration (fitted here)", "calibration (new-shape cost)", "prediction"]
+    assert "; new-shape cost 0.0 ms (" in out[2]["calibration"]
     assert out[2]["calibration"].startswith(
         "fitted at C=1 on the torch-tp (prompts padded to the step's longest, max-model-len 4096, CUDA-graph decode "
         "buckets) replica: step overhead 3.00 ms, prefill overhead 40.0 ms, "

@@ -48,6 +48,7 @@ import yaml
 from phase6.config.fleet import EngineConfig, FleetRunConfig
 from phase6.fleet.engines import TorchTPStepTime
 from phase6.fleet.sim import EngineLimits, SimResult, Topology
+from phase6.fleet.steps import new_shape_cost_ms, server_chain, shapes_before
 from phase6.fleet.steptime import StepTimeModel, build_step_model, kv_capacity_blocks, prefill_pairs
 from phase6.fleet.workload import Workload
 
@@ -355,7 +356,10 @@ def fit_prefill(
 
     def fit_o(mfu: float) -> tuple[float, float]:
         model = build_step_model(
-            setup.spec, setup.hardware, dataclasses.replace(engine, prefill_mfu=mfu, prefill_overhead_ms=0.0)
+            setup.spec,
+            setup.hardware,
+            dataclasses.replace(engine, prefill_mfu=mfu, prefill_overhead_ms=0.0),
+            setup.new_shape_ms,
         )
         base, n = np.asarray([idle_ttft_s(model, p, budget) for p in lengths]).T
         o = max(0.0, _weighted_median((ttft_s - base) / n, n))
@@ -399,7 +403,8 @@ def replay(
 ) -> SimResult:
     """Simulate ``run``: one replica with ``engine``'s step times, its C clients sending its requests in order."""
     spec = setup.spec
-    s = dataclasses.replace(setup, model=build_step_model(spec, setup.hardware, engine), engine=engine, limits=limits)
+    model = build_step_model(spec, setup.hardware, engine, setup.new_shape_ms, setup.warm_shapes)
+    s = dataclasses.replace(setup, model=model, engine=engine, limits=limits)
     n = len(run.input_tokens)
     if lengths == "requests":  # the run's own requests in send order (a closed loop sends the next on completion)
         inp, outp = run.input_tokens, run.output_tokens
@@ -506,20 +511,33 @@ def predict_serve_bench(
 ) -> list[dict[str, Any]]:
     """Predictions for runs not measured yet: calibrate on the concurrency-1 run of each TP under
     ``calibration_path`` (as :func:`compare_serve_bench` does) and replay each planned run's requests -- the numbers
-    a later ``compare_serve_bench`` on a sweep holding that C=1 run and the measured runs prints as simulated."""
+    a later ``compare_serve_bench`` on a sweep holding that C=1 run and the measured runs prints as simulated
+    (torch-tp: plus the new-shape cost from the lowest loaded run of that TP; each planned run on a fresh server)."""
     runs = load_serve_bench(calibration_path)[0]
     out = []
     fits: dict[int, tuple[EngineConfig, str]] = {}
+    shape_ms: dict[int, float] = {}
+
+    def tp_of(run: MeasuredRun) -> int:
+        return int(run.row.get("tp") or cfg.engine.tp)
+
     for p in planned:
         tp = int(p.row["tp"])
         if tp not in fits:
-            c1 = [r for r in runs if int(r.row.get("tp") or cfg.engine.tp) == tp and r.concurrency == 1]
+            c1 = [r for r in runs if tp_of(r) == tp and r.concurrency == 1]
             if not c1:
                 raise ValueError(f"{calibration_path}: no concurrency-1 run for TP={tp} to calibrate on")
             engine, limits, _, desc = replica_config(c1[0], cfg, setup, profile)
-            fits[tp] = calibration(setup, c1[0], engine, limits, "requests", desc)
+            tsetup, shape_desc = setup, ""
+            if engine.profile == "torch-tp":
+                ms, shape_desc, _ = shape_calibration(runs, tp_of, tp)
+                shape_ms[tp] = ms
+                tsetup = dataclasses.replace(setup, new_shape_ms=ms)
+            fit, fdesc = calibration(tsetup, c1[0], engine, limits, "requests", desc)
+            fits[tp] = (fit, f"{fdesc}; {shape_desc}" if tp in shape_ms else fdesc)
         engine, limits, limits_src, desc = replica_config(p, cfg, setup, profile)
-        res = replay(setup, p, with_fit(engine, fits[tp][0]), limits)
+        psetup = dataclasses.replace(setup, new_shape_ms=shape_ms[tp]) if engine.profile == "torch-tp" else setup
+        res = replay(psetup, p, with_fit(engine, fits[tp][0]), limits)  # a fresh server: no warm shapes
         ttft, tpot = p50_ms(res)
         out.append(
             {
@@ -541,6 +559,23 @@ def predict_serve_bench(
     return out
 
 
+def shape_calibration(
+    runs: list[MeasuredRun], tp_of: Callable[[MeasuredRun], int], tp: int
+) -> tuple[float, str, Path | None]:
+    """torch-tp new-prefill-shape cost of TP ``tp`` (ms, summary, the run it was measured on): from the
+    lowest-concurrency run above 1 of that TP (the second calibration run; C=1 cannot show it, every C=1 request has
+    a new width), :func:`phase6.fleet.steps.new_shape_cost_ms` with the shapes its server ran before it."""
+    loaded = sorted((r for r in runs if tp_of(r) == tp and r.concurrency > 1), key=lambda r: r.concurrency)
+    if not loaded:
+        return 0.0, "new-shape cost 0 (no loaded run of this TP to measure it on)", None
+    run = loaded[0]
+    prev = server_chain([r.run_dir for r in runs])
+    cost = new_shape_cost_ms(run.run_dir, shapes_before(run.run_dir, prev))
+    if cost is None:
+        return 0.0, f"new-shape cost 0 ({run.run_dir}: fewer than 5 new or seen one-prompt steps)", None
+    return cost.cost_ms, f"{cost.describe()} at C={run.concurrency}", run.run_dir
+
+
 def compare_serve_bench(
     path: str | Path,
     cfg: FleetRunConfig,
@@ -557,19 +592,37 @@ def compare_serve_bench(
     if profile not in ("auto", "vllm"):
         raise ValueError(f"analysis.compare_profile: must be auto or vllm, got {profile!r}")
     runs, skipped = load_serve_bench(path)
-    runs.sort(key=lambda r: (int(r.row.get("tp") or cfg.engine.tp), r.concurrency))
+
+    def tp_of(run: MeasuredRun) -> int:
+        return int(run.row.get("tp") or cfg.engine.tp)
+
+    runs.sort(key=lambda r: (tp_of(r), r.concurrency))
+    prev = server_chain([r.run_dir for r in runs])
+    end_shapes: dict[Path, frozenset[tuple[int, int]]] = {}  # run -> prefill shapes its replay's server had run
     out_rows: list[dict[str, Any]] = []
     calibrated: dict[int, tuple[MeasuredRun, EngineConfig, str]] = {}  # tp -> (run fitted on, engine, summary)
+    shape_cal: dict[int, tuple[float, str, Path | None]] = {}
     for run in runs:
         r = run.row
-        tp = int(r.get("tp") or cfg.engine.tp)
+        tp = tp_of(run)
         c = run.concurrency
         engine, limits, limits_src, prof_desc = replica_config(run, cfg, setup, profile)
+        tsetup = setup
+        if engine.profile == "torch-tp" and calibrate_rows:
+            if tp not in shape_cal:
+                shape_cal[tp] = shape_calibration(runs, tp_of, tp)
+            p = prev.get(run.run_dir)
+            warm = end_shapes[p] if p in end_shapes else shapes_before(run.run_dir, prev)
+            tsetup = dataclasses.replace(setup, new_shape_ms=shape_cal[tp][0], warm_shapes=warm)
         if calibrate_rows:
             if tp not in calibrated:  # the lowest concurrency of this TP (runs are sorted)
-                calibrated[tp] = (run, *calibration(setup, run, engine, limits, lengths, prof_desc))
+                cal = calibration(tsetup, run, engine, limits, lengths, prof_desc)
+                if tp in shape_cal:
+                    cal = (cal[0], f"{cal[1]}; {shape_cal[tp][1]}")
+                calibrated[tp] = (run, *cal)
             engine = with_fit(engine, calibrated[tp][1])
-        res = replay(setup, run, engine, limits, lengths)
+        res = replay(tsetup, run, engine, limits, lengths)
+        end_shapes[run.run_dir] = res.prefill_shapes
         n = len(run.input_tokens)
         mean_in, mean_out = float(run.input_tokens.mean()), float(run.output_tokens.mean())
         sim_ttft, sim_tpot = p50_ms(res)
@@ -577,6 +630,7 @@ def compare_serve_bench(
         e_ttft = sim_ttft / float(r["ttft_p50_ms"]) - 1
         e_tpot = sim_tpot / float(r["tpot_p50_ms"]) - 1
         fitted_here = calibrate_rows and calibrated[tp][0] is run
+        shape_here = tp in shape_cal and shape_cal[tp][2] == run.run_dir
         out_rows.append(
             {
                 "run": run.run_dir.name,
@@ -596,7 +650,13 @@ def compare_serve_bench(
                 "throughput_tok_s_measured": r.get("throughput_tok_s"),
                 "throughput_tok_s_sim": sim_tok_s,
                 "within_20pct": abs(e_ttft) <= TOLERANCE and abs(e_tpot) <= TOLERANCE,
-                "role": ("calibration (fitted here)" if fitted_here else "prediction")
+                "role": (
+                    "calibration (fitted here)"
+                    if fitted_here
+                    else "calibration (new-shape cost)"
+                    if shape_here
+                    else "prediction"
+                )
                 if calibrate_rows
                 else "prediction",
                 "calibration": calibrated[tp][2] if calibrate_rows else "none (planner defaults)",

@@ -23,6 +23,14 @@ H200 table), transcribed from its code, not fitted to any measurement:
 - KV (``SlotKVCache``): ``--max-batch`` rows of ``--max-model-len`` positions, allocated at start; no prefix cache;
   a request must fit a row (prompt + max_tokens <= max_model_len, else HTTP 400).
 
+- first use of a prefill shape: the prefill runs eagerly (no graph), and a step whose (prompts, padded width) shape
+  the server process has not run before costs ``new_shape_s`` more than a repeat of a shape it has run (per-shape
+  setup cached by the stack below the server: the SDPA call under a 4-D boolean mask and the matmuls see a new
+  shape). Measured from the step sequence of loaded runs (``phase6.fleet.steps``): at TP=1 a one-prompt step with
+  ~45 rows decoding takes ~85-95 ms when its width was seen before and ~130-165 ms when new. Every request of a C=1
+  calibration run has a new width, so its fitted prefill overhead is the new-shape cost; the replica keeps the set
+  of shapes it ran (``Replica.shapes``), seeded with those of earlier runs on the same server process.
+
 Not modelled: the row compaction copy after a request finishes (one row's KV, < 0.2 ms on an H200), sampling and
 detokenisation beyond the fitted per-step overhead; and the lm_head runs on the last position of each prompt only
 (the planner charges it per prompt token, ~5 % of a 14B prefill, absorbed by the fitted MFU).
@@ -102,11 +110,24 @@ class TorchTPStepTime:
     step(n prompts of padded width w, d running rows whose longest context is c) =
         step_overhead
         + [d > 0] forward(R tokens, R·K pairs, R·K KV tokens read)       (R, K) = decode_shape(d, c)
-        + [n > 0] (forward(n·w tokens, n·w² pairs, 0) + prefill_overhead)
+        + [n > 0] (forward(n·w tokens, n·w² pairs, 0) + prefill_overhead + [(n, w) new] new_shape_s)
+
+    ``warm_shapes``: the (prompts, width) prefill shapes the server process ran before the simulated run (earlier
+    runs on the same server); a replica starts with them and adds each shape it runs.
     """
 
-    def __init__(self, base: ServeCostModel, engine: TorchTPEngine) -> None:
+    def __init__(
+        self,
+        base: ServeCostModel,
+        engine: TorchTPEngine,
+        new_shape_s: float = 0.0,
+        warm_shapes: frozenset[tuple[int, int]] = frozenset(),
+    ) -> None:
+        if new_shape_s < 0:
+            raise ValueError(f"torch-tp: the new-shape cost must be >= 0, got {new_shape_s}")
         self.base, self.engine = base, engine
+        self.new_shape_s = new_shape_s
+        self.warm_shapes = frozenset(warm_shapes)
         self._decode: dict[tuple[int, int], float] = {}
 
     def decode_forward_s(self, rows: int, max_ctx: int) -> float:
@@ -123,15 +144,17 @@ class TorchTPStepTime:
         n, w = prompts, width
         return self.base.forward_s(n * w, float(n * w * w), 0)
 
-    def padded_step_s(self, prompts: int, width: int, decode_rows: int, max_ctx: int) -> float:
+    def padded_step_s(self, prompts: int, width: int, decode_rows: int, max_ctx: int, new_shape: bool = True) -> float:
         """One step: ``decode_rows`` running rows (longest context ``max_ctx``) decode, then ``prompts`` admitted
-        prompts padded to ``width`` prefill."""
+        prompts padded to ``width`` prefill (``new_shape``: a (prompts, width) shape the server has not run yet)."""
         b = self.base
         t = b.overhead_s
         if decode_rows > 0:
             t += self.decode_forward_s(decode_rows, max_ctx)
         if prompts > 0:
             t += self.prefill_forward_s(prompts, width) + b.prefill_overhead_s
+            if new_shape:
+                t += self.new_shape_s
         return t
 
     def padded_decode_run_s(self, decode_rows: int, max_ctx: int, num_steps: int) -> float:
@@ -156,8 +179,9 @@ class TorchTPStepTime:
         return total
 
     def idle_prefill_s(self, prompt_tokens: int) -> float:
-        """TTFT of one request on an idle replica: its whole prompt in one prefill step (no decode rows)."""
-        return self.padded_step_s(1, prompt_tokens, 0, 0)
+        """TTFT of one request on an idle replica: its whole prompt in one prefill step (no decode rows), at a width
+        the server has not run before (as every request of a C=1 calibration run)."""
+        return self.padded_step_s(1, prompt_tokens, 0, 0, new_shape=True)
 
 
 def kv_rows_blocks(engine: TorchTPEngine, block_tokens: int) -> int:

@@ -73,6 +73,10 @@ class FleetSetup:
     engine: EngineConfig
     kv_link: str
     sim_engine: str
+    new_shape_ms: float = 0.0
+    """torch-tp: extra ms of a prefill step at a (prompts, width) shape new to the server (engines.TorchTPStepTime)."""
+    warm_shapes: frozenset[tuple[int, int]] = frozenset()
+    """torch-tp: prefill shapes the server ran before the simulated run."""
 
     def transfer_fn(self) -> Callable[[int], float]:
         spec, hw, eng, link = self.spec, self.hardware, self.engine, self.kv_link

@@ -206,6 +206,7 @@ class Replica:
         self.run_truncated = True
         self.run_ctx = 0  # context argument of the current decode run (sum; torch-tp: the longest)
         self.padded = sim.padded  # torch-tp scheduling and step shapes
+        self.shapes: set[tuple[int, int]] = set(getattr(sim.model, "warm_shapes", ()))  # torch-tp prefill shapes run
         self.chunks: list[tuple[_Req, int]] = []
         self.busy_s = 0.0
         self.link_free_s = 0.0  # prefill role: when its KV-transfer link is idle again
@@ -328,7 +329,9 @@ class Replica:
         model = self.sim.model
         max_ctx = self.steps + max(e[2].off for e in self.dheap) if self.n_dec else 0
         if n:
-            dt = model.padded_step_s(n, width, self.n_dec, max_ctx)
+            new = (n, width) not in self.shapes
+            self.shapes.add((n, width))
+            dt = model.padded_step_s(n, width, self.n_dec, max_ctx, new_shape=new)
             self.run_k = 1
             self.run_truncated = True
         elif self.n_dec:
@@ -469,6 +472,8 @@ class SimResult:
     little: dict[str, float] = field(default_factory=dict)
     """Time-averaged counts integrated by the event loop (for Little's-law checks)."""
     evictions: int = 0
+    prefill_shapes: frozenset[tuple[int, int]] = frozenset()
+    """torch-tp: the (prompts, padded width) prefill shapes the replicas had run by the end (incl. warm ones)."""
 
     @property
     def ttft_s(self) -> np.ndarray:
@@ -743,6 +748,7 @@ class Simulation:
             wall_s=wall,
             little=little,
             evictions=sum(r.cache.evictions for r in self.front + self.back),
+            prefill_shapes=frozenset().union(*(r.shapes for r in self.front + self.back)),
         )
 
 

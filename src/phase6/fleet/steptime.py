@@ -166,13 +166,18 @@ def torch_tp_engine(engine: EngineConfig) -> TorchTPEngine | None:
 
 
 def build_step_model(
-    spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig
+    spec: ModelSpec,
+    hardware: HardwareConfig,
+    engine: EngineConfig,
+    new_shape_ms: float = 0.0,
+    warm_shapes: frozenset[tuple[int, int]] = frozenset(),
 ) -> StepTimeModel | TorchTPStepTime:
     """engine.step_time=planner -> ServeCostModel (profile torch-tp: wrapped in TorchTPStepTime, the server's padded
-    shapes); =table -> TableStepTime from a serve-bench results.json."""
+    shapes, with its new-prefill-shape cost and the shapes the server ran before); =table -> TableStepTime from a
+    serve-bench results.json."""
     tt = torch_tp_engine(engine)
     if tt is not None:
-        return TorchTPStepTime(planner_model(spec, hardware, engine), tt)
+        return TorchTPStepTime(planner_model(spec, hardware, engine), tt, new_shape_ms / 1e3, warm_shapes)
     if engine.step_time == "table":
         assert engine.table_path is not None and engine.table_input_tokens is not None
         return TableStepTime.from_serve_bench(engine.table_path, engine.table_input_tokens)
