@@ -2,7 +2,8 @@
 
 One asyncio loop, one ``aiohttp.ClientSession`` whose connector is sized to the concurrency (0 = unlimited;
 aiohttp's default cap of 100 connections silently queues requests, anchors §4), request bodies serialized before
-the clock starts, GC heap frozen during the run.
+the clock starts; for the run the GC heap is frozen, the collector off and the descriptor table pre-grown (each a
+multi-ms stall of the loop otherwise: docs/benchmarks.md, "Strict 256-stream timing test").
 
 Per request (all times from ``time.perf_counter``, relative to the run start ``t0``):
 - ``scheduled_s``: planned arrival; ``dispatch_s``: when the client actually started it (dispatch lag =
