@@ -292,23 +292,8 @@ class Replica:
             budget -= c
             chunks.append((r, c))
         model = self.sim.model
-        if p_tokens:
-            dt = model.step_s(p_tokens, pairs, self.n_dec, self.ctx_sum)
-            self.run_k = 1
-            self.run_truncated = True
-        elif self.n_dec:
-            k = self.dheap[0][0] - self.steps if self.sim.macro else 1
-            dt = model.decode_run_s(self.n_dec, self.ctx_sum, k)
-            self.run_k = k
-            self.run_truncated = k == 1
-            self.run_ctx = self.ctx_sum
-        else:
-            self.busy = False
-            return
-        self.busy = True
-        self.step_start = now
-        self.gen += 1
-        self.sim.loop.call_in(dt, self._on_step_end, self.gen)
+        step_s = model.step_s(p_tokens, pairs, self.n_dec, self.ctx_sum) if p_tokens else None
+        self._launch(now, step_s, model.decode_run_s, self.ctx_sum)
 
     def _start_step_padded(self, now: float) -> None:
         """torch-tp (``tp_server.Scheduler.step``): admit whole prompts FCFS while rows are free and (prompts) x
@@ -328,18 +313,29 @@ class Replica:
             chunks.append((r, r.n_in))
         model = self.sim.model
         max_ctx = self.steps + max(e[2].off for e in self.dheap) if self.n_dec else 0
+        step_s = None
         if n:
             new = (n, width) not in self.shapes
             self.shapes.add((n, width))
-            dt = model.padded_step_s(n, width, self.n_dec, max_ctx, new_shape=new)
+            step_s = model.padded_step_s(n, width, self.n_dec, max_ctx, new_shape=new)
+        self._launch(now, step_s, model.padded_decode_run_s, max_ctx)
+
+    def _launch(
+        self, now: float, step_s: float | None, decode_run_s: Callable[[int, int, int], float], ctx: int
+    ) -> None:
+        """Schedule the next step end: a step with prefill work of ``step_s`` seconds when there is one, else a
+        decode-only run of k steps (to the next finishing row under ``sim.macro``, else 1) priced by
+        ``decode_run_s(rows, ctx, k)``, else go idle."""
+        if step_s is not None:
+            dt = step_s
             self.run_k = 1
             self.run_truncated = True
         elif self.n_dec:
             k = self.dheap[0][0] - self.steps if self.sim.macro else 1
-            dt = model.padded_decode_run_s(self.n_dec, max_ctx, k)
+            dt = decode_run_s(self.n_dec, ctx, k)
             self.run_k = k
             self.run_truncated = k == 1
-            self.run_ctx = max_ctx
+            self.run_ctx = ctx
         else:
             self.busy = False
             return
