@@ -3,26 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from plan_hardware import HW, PROFILE
 
-from phase6.config import HardwareConfig
 from phase6.config.plan import PlanConfig
 from phase6.plan.memory import GIB
 from phase6.plan.model import resolve_model
-from phase6.plan.profile import build_profile
 from phase6.plan.recommend import layouts, recommend_serve, recommend_train
-
-HW = HardwareConfig(
-    name="h100_sxm",
-    peak_bf16_tflops=989.4,
-    hbm_gib=79.6,
-    hbm_tbps=3.35,
-    nvlink_gbps=450.0,
-    internode_gbps=50.0,
-    intranode_latency_us=30.0,
-    internode_latency_us=50.0,
-    gpus_per_node=8,
-)
-PROFILE = build_profile(HW)
 
 
 @pytest.mark.parametrize("name,gpus", [("qwen2.5-7b", 8), ("gpt2", 8), ("llama3.1-70b", 16), ("mixtral-8x7b", 8)])

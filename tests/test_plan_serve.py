@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from plan_hardware import HW
 
-from phase6.config import HardwareConfig
 from phase6.config.plan import EfficiencyConfig
 from phase6.plan import comm
 from phase6.plan.model import resolve_model
 from phase6.plan.serve import ServeCostModel, causal_pairs, serve_latency
 
-HW = HardwareConfig(
-    name="h100_sxm",
-    peak_bf16_tflops=989.4,
-    hbm_gib=79.6,
-    hbm_tbps=3.35,
-    nvlink_gbps=450.0,
-    internode_gbps=50.0,
-    intranode_latency_us=30.0,
-    internode_latency_us=50.0,
-    gpus_per_node=8,
-)
 EFF = EfficiencyConfig(prefill_mfu=0.5, decode_hbm_efficiency=0.7)
 LLAMA70 = resolve_model("llama3.1-70b")
 

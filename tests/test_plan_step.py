@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from plan_hardware import HW, PROFILE
 
 from phase6.config import HardwareConfig
 from phase6.plan import comm
@@ -10,19 +11,6 @@ from phase6.plan.memory import ParallelLayout, TrainSetup
 from phase6.plan.model import resolve_model
 from phase6.plan.profile import build_profile
 from phase6.plan.train import bubble_fraction, predict_train_step
-
-HW = HardwareConfig(
-    name="h100_sxm",
-    peak_bf16_tflops=989.4,
-    hbm_gib=79.6,
-    hbm_tbps=3.35,
-    nvlink_gbps=450.0,
-    internode_gbps=50.0,
-    intranode_latency_us=30.0,
-    internode_latency_us=50.0,
-    gpus_per_node=8,
-)
-PROFILE = build_profile(HW)
 
 
 @pytest.mark.parametrize(
