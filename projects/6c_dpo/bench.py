@@ -8,7 +8,7 @@
 --data / --tokenizer default to $PHASE6_SHARED_DATA (or ../shared/data) llamafactory-dpo-en-demo / gpt2-tokenizer.
 ``ours_liger`` needs liger-kernel (pure Python; torch ships triton): without it that row says so, the rest run.
 
-Model: Qwen2.5-7B-Instruct's architecture (config.json numbers below) with random bf16 weights built on the GPU
+Model: Qwen2.5-7B-Instruct's architecture (preset qwen2.5-7b, 32K positions) with random bf16 weights built on the GPU
 ("dummy weights": same shapes, FLOPs and memory as the real model; no download). LoRA r=16, alpha=32 on every
 linear layer, 8 pairs per optimizer step, max_length 1024, LLaMA-Factory's dpo_en_demo.json tokenised with the
 GPT-2 BPE (no Qwen tokenizer offline): 300 pairs, of which TRL drops the 46 whose prompt alone fills 1024 tokens,
@@ -79,21 +79,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "src"))
+from phase6.plan.model import qwen_config  # noqa: E402
 
-# Qwen/Qwen2.5-7B-Instruct config.json
-QWEN25_7B = dict(
-    vocab_size=152064,
-    hidden_size=3584,
-    intermediate_size=18944,
-    num_hidden_layers=28,
-    num_attention_heads=28,
-    num_key_value_heads=4,
-    max_position_embeddings=32768,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-    hidden_act="silu",
-)
+# Qwen/Qwen2.5-7B-Instruct config.json: the base model's shapes (configs/plan/model/qwen2.5-7b.yaml), 32K positions
+QWEN25_7B = qwen_config("qwen2.5-7b", max_position_embeddings=32768)
 # ref: "step" = TRL's reference forward in every step, "trl" = TRL's precompute, "sorted" = phase6.posttrain.reference
 BASE = dict(gradient_checkpointing=True, ref="step", group=False, liger=False, micro_batch=8)
 OURS = dict(BASE, gradient_checkpointing=False, ref="sorted", group=True, micro_batch=2)
@@ -197,7 +187,6 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, Qwen2Config, TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
-    sys.path.insert(0, str(REPO / "src"))
     from phase6.posttrain.dpo_data import build_preference_pairs, read_rows
     from phase6.posttrain.reference import precomputed_reference
     from phase6.posttrain.sampling import length_grouped, pair_lengths

@@ -7,7 +7,7 @@
 
 Shape (issue 7): 64 prompts x 8 samples = 512 sequences x 512 new tokens, every token forced (min_new_tokens =
 max_new_tokens, so EOS cannot end a row early and every row decodes the same number of tokens), sampling at
-temperature 1. Model: Qwen2.5-1.5B-Instruct's architecture (its config.json numbers below) with random bf16 weights
+temperature 1. Model: Qwen2.5-1.5B-Instruct's architecture (preset qwen2.5-1.5b-instruct) with random bf16 weights
 ("dummy weights": same shapes, FLOPs and memory traffic as the real model; no download). Prompts: random token ids,
 lengths 96..191 (GSM8K question + instruction + ChatML is ~120-250 Qwen tokens), so they pad to 192 and the static
 cache holds 192 + 512 = 704 positions; the tokens/s do not depend on their content because every row generates
@@ -54,21 +54,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
+from phase6.plan.model import qwen_config  # noqa: E402
 
-# Qwen/Qwen2.5-1.5B-Instruct config.json
-QWEN25_15B = dict(
-    vocab_size=151936,
-    hidden_size=1536,
-    intermediate_size=8960,
-    num_hidden_layers=28,
-    num_attention_heads=12,
-    num_key_value_heads=2,
-    max_position_embeddings=32768,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    hidden_act="silu",
-)
+# Qwen/Qwen2.5-1.5B-Instruct config.json (configs/plan/model/qwen2.5-1.5b-instruct.yaml)
+QWEN25_15B = qwen_config("qwen2.5-1.5b-instruct")
 EOS, PAD = 151645, 151643  # <|im_end|>, <|endoftext|> in Qwen2.5's vocabulary
 # --cpu-check: the same code paths with a 2-layer model on CPU, to validate the script where there is no GPU
 CPU_CHECK_ARCH = dict(

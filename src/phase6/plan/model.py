@@ -307,6 +307,31 @@ def load_preset(name: str) -> dict[str, Any]:
     return data
 
 
+# The Qwen2Config fields that fix a Qwen2 model's shapes and numerics (what a random-weight "dummy" model needs).
+QWEN2_ARCH_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rope_theta",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "hidden_act",
+)
+
+
+def qwen_config(name: str, **overrides: Any) -> dict[str, Any]:
+    """``transformers.Qwen2Config`` keyword arguments of a Qwen2 preset (``QWEN2_ARCH_FIELDS``), with ``overrides``."""
+    preset = load_preset(name)
+    missing = [k for k in QWEN2_ARCH_FIELDS if k not in preset]
+    if missing:
+        raise ValueError(f"model preset {name}: missing Qwen2 field(s) {', '.join(missing)}")
+    return {k: preset[k] for k in QWEN2_ARCH_FIELDS} | overrides
+
+
 def load_hf_config(path: str | Path) -> dict[str, Any]:
     """Read an HF ``config.json`` (or a directory holding one)."""
     p = Path(path)
