@@ -37,8 +37,13 @@ def run_sweep(job: str, sweep: Path, *overrides: str, timeout: int) -> list[dict
     return json.loads((sweep / "summary.json").read_text())["rows"]
 
 
-def assert_files(run_dir: Path, files: Iterable[str]) -> None:
-    for f in files:
+# What every job's run directory holds (phase6 run records), before the job's own files.
+RUN_RECORD_FILES = ("config.yaml", "env.json", "metrics.jsonl", "results.json", "results.md")
+
+
+def assert_run_files(run_dir: Path, *job_files: str) -> None:
+    """The run-record files and then ``job_files`` (relative paths) are all files in ``run_dir``."""
+    for f in (*RUN_RECORD_FILES, *job_files):
         assert (run_dir / f).is_file(), f
 
 

@@ -4,25 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runrecord_checks import assert_files, assert_sections, read_jsonl, read_results, run_smoke, run_sweep
+from runrecord_checks import assert_run_files, assert_sections, read_jsonl, read_results, run_smoke, run_sweep
 
 
 def test_smoke_run_directory(tmp_path: Path) -> None:
     run_dir = tmp_path / "smoke"
     run_smoke("dpo", run_dir, "output.merge=true", timeout=300)
-    assert_files(
+    assert_run_files(
         run_dir,
-        (
-            "config.yaml",
-            "env.json",
-            "metrics.jsonl",
-            "results.json",
-            "results.md",
-            "margins.jsonl",
-            "plots/margins.png",
-            "adapter/adapter_model.safetensors",
-            "adapter/adapter_config.json",
-        ),
+        "margins.jsonl",
+        "plots/margins.png",
+        "adapter/adapter_model.safetensors",
+        "adapter/adapter_config.json",
     )
     assert (run_dir / "adapter" / "adapter_model.safetensors").stat().st_size < 5 * 2**20
     logged = {k for m in read_jsonl(run_dir / "metrics.jsonl") for k in m}
