@@ -18,6 +18,7 @@ def fake_run(root: Path, name: str, val: dict[int, float], seed: int = 0, **nume
     (d / "config.yaml").write_text(yaml.safe_dump({"job": "pretrain", "run": {"seed": seed}, "model": model}))
     rows = [{"step": s, "val/loss": v} for s, v in val.items()] + [{"step": 5, "loss": 9.0}]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "results.json").write_text("{}")
     return d
 
 
@@ -80,3 +81,15 @@ def test_cli_prints_both_tables_and_writes_json(tmp_path: Path, capsys: pytest.C
     saved = json.loads((tmp_path / "parity.json").read_text())
     assert [r["equal_loss"] for r in saved["verdict"]] == ["reference", "yes"]
     assert saved["curves"][0]["step 20"] == 5.5
+
+
+def test_cli_leaves_out_unfinished_runs_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A killed sweep member (val at step 0 only, no results.json) is named and left out; the others are judged."""
+    dirs = [str(c.run_dir) for c in curves(tmp_path, lever_final=5.54)]
+    killed = fake_run(tmp_path, "killed", {0: 11.0}, float8="rowwise")
+    (killed / "results.json").unlink()
+    main([*dirs, str(killed)])
+    out = capsys.readouterr().out
+    assert f"left out: {killed} (no results.json" in out and "float8=rowwise" not in out
+    with pytest.raises(ValueError, match="no finished run"):
+        main([str(killed)])

@@ -132,7 +132,14 @@ def main(argv: list[str]) -> None:
     p.add_argument("--tol", type=float, default=0.02, help="floor of the tolerance in nats (default 0.02)")
     p.add_argument("--out", default=None, help="write both tables as JSON here")
     args = p.parse_args(argv)
-    curves = [load_curve(d) for d in args.run_dirs]
+    # a sweep member that crashed or was killed has no results.json: name it and leave it out (its curve stops
+    # early, so it cannot be compared step for step), rather than failing the verdict of the runs that finished
+    finished = [d for d in args.run_dirs if (Path(d) / "results.json").is_file()]
+    for d in sorted(set(args.run_dirs) - set(finished)):
+        print(f"left out: {d} (no results.json: the run did not finish)")
+    if not finished:
+        raise ValueError("no finished run among the given directories (none has results.json)")
+    curves = [load_curve(d) for d in finished]
     rows = compare(curves, args.tol)
     detail = curves_table(curves)
     print("val loss per evaluation\n" + markdown_table(detail))
