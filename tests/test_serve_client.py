@@ -262,7 +262,8 @@ def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> 
         ours1 = time.process_time() + process_cpu_seconds(srv.proc.pid)
     finally:
         srv.stop()
-    others = (busy1 - busy0 - (ours1 - ours0)) / (total1 - total0)  # share of all cores other processes used
+    # share of all cores other processes used (clamped: /proc/stat ticks and our rusage round differently)
+    others = max(0.0, (busy1 - busy0 - (ours1 - ours0)) / (total1 - total0))
     if others > 0.1:
         # one 10 ms preemption of the client delays every one of the ~280 open streams: 1 % of all samples
         pytest.skip(
