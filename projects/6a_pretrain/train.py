@@ -36,6 +36,7 @@ from phase6.data.loader import ShardLoader, ValLoader
 from phase6.data.prepare import ensure_prepared
 from phase6.data.shards import Manifest, load_manifest
 from phase6.dist import DistInfo, all_reduce_mean, barrier, init_distributed, teardown
+from phase6.figures import save_figure
 from phase6.models.gpt2 import GPT
 from phase6.models.hf import export_hf, hf_tokenizer
 from phase6.optim import build_optimizer, build_scheduler, clip_grad_norm
@@ -157,9 +158,7 @@ def plot_curves(history: list[dict[str, Any]], path: Path, title: str) -> None:
     ax_lr.set_ylabel("lr")
     ax_lr.set_xlabel("optimizer step")
     ax_lr.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def load_data(cfg: PretrainRunConfig, info: DistInfo) -> Manifest | None:

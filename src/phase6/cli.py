@@ -8,6 +8,8 @@ phase6 config pretrain experiment=smoke               # print the resolved, vali
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -28,6 +30,15 @@ def fail(msg: str, code: int = EXIT_CONFIG_ERROR) -> None:
     """One line on stderr, then exit (2 for user mistakes in config or arguments)."""
     typer.echo(f"phase6: error: {msg}", err=True)
     raise typer.Exit(code)
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """A ValueError from a command's own argument parsing or input checks becomes `fail`'s one line and exit 2."""
+    try:
+        yield
+    except ValueError as e:
+        fail(str(e))
 
 
 def run(job: str, overrides: list[str], multirun: bool = False) -> None:
@@ -92,10 +103,8 @@ def plan(
     if ctx.args[:1] == ["calibrate"]:
         from phase6.plan.calibrate import cli_main
 
-        try:
+        with one_line_errors():
             cli_main(ctx.args[1:])
-        except ValueError as e:
-            fail(str(e))
         return
     output = ["plan.output=json"] if json_out else ["plan.output=explain"] if explain else []
     run("plan", ctx.args + output, multirun)
@@ -136,10 +145,8 @@ def bench_pretrain(ctx: typer.Context) -> None:
     """6A step throughput: phase6 GPT vs HF GPT2LMHeadModel on one GPU, 2-GPU DDP/FSDP2 scaling (flags: --help)."""
     from phase6.bench.pretrain import main as bench_main
 
-    try:
+    with one_line_errors():
         bench_main(ctx.args)
-    except ValueError as e:
-        fail(str(e))
 
 
 @bench_app.command("loss-parity", context_settings=OVERRIDES, add_help_option=False)
@@ -147,10 +154,8 @@ def bench_loss_parity(ctx: typer.Context) -> None:
     """6A numerics levers: val-loss curves of pretrain runs grouped by their numerics vs the default seeds (--help)."""
     from phase6.bench.loss_parity import main as parity_main
 
-    try:
+    with one_line_errors():
         parity_main(ctx.args)
-    except ValueError as e:
-        fail(str(e))
 
 
 @app.command("config", context_settings=OVERRIDES)
@@ -178,10 +183,8 @@ def report(
     """Rebuild results.md and plots of RUN_DIRS; with several, merge their rows into one comparison table."""
     from phase6.report import main as report_main
 
-    try:
+    with one_line_errors():
         report_main(run_dirs, out)
-    except ValueError as e:
-        fail(str(e))
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from phase6.figures import save_figure
+
 
 class GpuSampler:
     """Background NVML sampling of every visible GPU (or ``indices``) at ``1 / interval_s`` Hz."""
@@ -135,8 +137,4 @@ def plot_timeline(
     ax_m.set_ylabel("memory GiB")
     ax_m.set_xlabel("seconds since start")
     ax_u.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from phase6.figures import save_figure
 from phase6.redact import redact
 from phase6.runrecord import markdown_table, read_metrics, read_results, render_markdown
 
@@ -47,11 +48,7 @@ def plot_metrics(run_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    fig.tight_layout()
-    path = out / "metrics.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [save_figure(fig, out / "metrics.png")]
 
 
 def rebuild(run_dir: str | Path) -> Path:

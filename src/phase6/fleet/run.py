@@ -23,6 +23,7 @@ import numpy as np
 from phase6.config import HardwareConfig
 from phase6.config.fleet import EngineConfig, FleetRunConfig, FleetWorkloadConfig, SloConfig, parse_policy
 from phase6.cost import run_cost
+from phase6.figures import save_figure
 from phase6.fleet.analysis import RateSearch, max_rate_within_slo, meets, min_replicas, pd_reason, summarize
 from phase6.fleet.engines import TorchTPStepTime
 from phase6.fleet.sim import EngineLimits, SimResult, Topology, simulate
@@ -297,9 +298,7 @@ def _plots(rec: Any, rows: list[dict[str, Any]], x: str, grid: list[dict[str, An
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(rec.plots_dir / fname, dpi=120)
-        plt.close(fig)
+        save_figure(fig, rec.plots_dir / fname, dpi=120)
     if grid:
         ratios = sorted({g["prompt_over_output"] for g in grid})
         scales = sorted({g["slo_scale"] for g in grid})
@@ -318,9 +317,7 @@ def _plots(rec: Any, rows: list[dict[str, Any]], x: str, grid: list[dict[str, An
                 ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=8)
         fig.colorbar(im, label="log2(PD max rate / colocated max rate)")
         ax.set_title("when PD disaggregation pays")
-        fig.tight_layout()
-        fig.savefig(rec.plots_dir / "pd_grid.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, rec.plots_dir / "pd_grid.png", dpi=120)
 
 
 def main(cfg: FleetRunConfig) -> dict[str, Any]:

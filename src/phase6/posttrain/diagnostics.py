@@ -37,6 +37,8 @@ from transformers import (
 from trl.data_utils import apply_chat_template, is_conversational
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
+from phase6.figures import save_figure
+
 # ---------------------------------------------------------------------------------------------------------------------
 # tokenisation (the same split as TRL's DPOTrainer: completion starts where prompt and prompt+completion diverge)
 
@@ -256,10 +258,7 @@ def plot_margins(records: Sequence[MarginRecord], path: str | Path, beta: float 
         + (f"; β = {beta:g}" if beta is not None else ""),
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phase6.figures import save_figure
+
 
 def _quantile(sorted_values: Sequence[int], q: float) -> float:
     if not sorted_values:
@@ -110,8 +112,4 @@ def plot_length_histogram(before: list[int], after: list[int], path: Path, cap: 
     ax.set_xlabel("completion length (tokens)")
     ax.set_ylabel("completions")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

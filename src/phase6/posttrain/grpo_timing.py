@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phase6.figures import save_figure
+
 # Fixed phase names, in the order of the table and of the stacked bars.
 ROLLOUT = "rollout"
 WEIGHT_SYNC = "weight_sync"
@@ -159,8 +161,4 @@ def plot_breakdown(rows: list[dict[str, float]], path: Path) -> Path:
     ax.set_ylabel("seconds")
     ax.set_title("GRPO step-time breakdown")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from phase6.figures import save_figure
 from phase6.serving.client import RunOutcome
 from phase6.serving.telemetry import read_samples
 
@@ -40,11 +41,7 @@ def plot_latency_cdfs(outcome: RunOutcome, path: Path, title: str = "") -> Path:
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_timeseries(outcome: RunOutcome, t0_monotonic: float, telemetry_path: Path | None, path: Path) -> Path:
@@ -83,11 +80,7 @@ def plot_timeseries(outcome: RunOutcome, t0_monotonic: float, telemetry_path: Pa
     axes[2].set_xlabel("seconds since the measured run started")
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def load_axis(rows: list[dict[str, Any]]) -> str:
@@ -122,8 +115,4 @@ def plot_vs_load(rows: list[dict[str, Any]], path: Path) -> Path:
             ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
