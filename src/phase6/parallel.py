@@ -61,7 +61,7 @@ def apply_float8(model: nn.Module, recipe: str, lm_head: bool = False) -> None:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as e:
         raise ValueError(f"model.float8: {recipe!r} needs the torchao package (pip install torchao): {e}") from None
-    config = Float8LinearConfig() if recipe == "tensorwise" else Float8LinearConfig.from_recipe_name(recipe)
+    config = Float8LinearConfig.from_recipe_name(recipe)  # "tensorwise" gives the default Float8LinearConfig()
 
     def wanted(module: nn.Module, fqn: str) -> bool:
         return fqn.startswith("transformer.h.") or (lm_head and fqn == "lm_head")
@@ -125,9 +125,7 @@ def parallelize(
 ) -> nn.Module:
     """Apply float8 -> SDPA -> AC -> compile -> FSDP2 | DDP in that order; returns the module to call (DDP wrapper
     or `model`). The float8 recipe is a model choice (it changes the numerics): read from `model.cfg`."""
-    model_cfg = getattr(model, "cfg", None)
-    if model_cfg is not None and getattr(model_cfg, "float8", "none") != "none":
-        apply_float8(model, model_cfg.float8, lm_head=model_cfg.float8_lm_head)
+    apply_float8(model, model.cfg.float8, lm_head=model.cfg.float8_lm_head)
     apply_sdpa(model, cfg.sdpa_backend)
     if cfg.activation_checkpointing:
         apply_ac(model)
