@@ -164,6 +164,51 @@ def test_static_decode_pads_to_a_bucket_and_matches_eager(tmp_path: Path) -> Non
     torch.testing.assert_close(static, eager, atol=1e-5, rtol=1e-5)
 
 
+def test_compiled_prefill_matches_eager_and_compiles_only_at_start(tmp_path: Path) -> None:
+    """--compile-prefill: the same steps (1 or 3 prompts, first row 0 or after decode rows, a one-token prompt) give
+    the eager engine's logits (fp32, 1e-5), and after ``warm_prefill`` no step compiles another graph."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    tp_server.apply_gqa_sdpa(model)
+    model.config.save_pretrained(tmp_path)
+    args = ServerArgs(model=str(tmp_path), max_batch=8, max_model_len=256, max_prefill_tokens=1024)
+    eager = Engine(model, args, torch.device("cpu"), 0, 1, None, static_decode=True)
+    compiled = Engine(copy.deepcopy(model), args, torch.device("cpu"), 0, 1, None, compile_prefill=True)
+    compiled.static_decode = True
+    g = torch.Generator().manual_seed(3)
+
+    def prompt(n: int) -> list[int]:
+        return torch.randint(0, 512, (n,), generator=g).tolist()
+
+    steps = [
+        StepPlan(prefill_prompts=[prompt(40)]),
+        StepPlan(decode_tokens=[5], decode_positions=[40], prefill_prompts=[prompt(17), prompt(61), prompt(3)]),
+        StepPlan(decode_tokens=[6, 7, 8, 9], decode_positions=[41, 17, 61, 3], prefill_prompts=[prompt(1)]),
+        StepPlan(decode_tokens=[1, 2, 3, 4, 5], decode_positions=[42, 18, 62, 4, 1], prefill_prompts=[prompt(90)]),
+        StepPlan(decode_tokens=[1, 2], decode_positions=[43, 19], prefill_prompts=[prompt(7), prompt(8)]),
+    ]
+    with torch.inference_mode():
+        took, graphs = compiled.warm_prefill()
+        assert 1 <= graphs <= 12, graphs
+        for e in (eager, compiled):  # warm_prefill wrote rows 0..4: start both from the same cache
+            for t in (*e.cache.k, *e.cache.v):
+                t.zero_()
+        for plan in steps:
+            torch.testing.assert_close(compiled.execute(plan), eager.execute(plan), atol=1e-5, rtol=1e-5)
+    assert int(counters["stats"]["unique_graphs"]) == graphs, "a serving step compiled a new graph"
+    assert all(layer.forward == f for layer, f in zip(compiled.layers, compiled._eager_layer_fwd, strict=True))
+
+
 class FakeGraph:
     """CPU stand-in for torch.cuda.CUDAGraph: replay() recomputes into the output captured at 'capture' time
     (live), or leaves it as captured (stale: what a graph bound to the wrong buffers would return)."""
@@ -450,6 +495,7 @@ def servers(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 str(tiny_dir),
                 "--port",
                 str(p2),
+                "--compile-prefill",  # TP collectives traced into the compiled prefill: tokens must still match TP=1
                 *common,
             ],
             logs / "tp2.log",
@@ -484,7 +530,8 @@ def test_tp2_gives_tp1_tokens(servers: dict[int, Launched], tiny_dir: Path) -> N
             )["choices"][0]["token_ids"]  # type: ignore[index]
             for p in prompts
         ]
-    assert tokens[2] == tokens[1]  # exact token equality, TP=2 vs TP=1
+    assert tokens[2] == tokens[1]  # exact token equality, TP=2 (compiled prefill) vs TP=1 (eager)
+    assert "compiled the prefill" in servers[2].log.read_text(errors="replace")
     for p, got in zip(prompts[:3], tokens[1][:3], strict=True):
         assert got == greedy_reference(reference, p, 12)  # type: ignore[arg-type]
     sampled = {

@@ -38,7 +38,12 @@ get their first token from the prefill). The HF model runs with explicit ``posit
 the slot cache as ``past_key_values`` (its attention layers only call ``cache.update``); masked attention packs the
 query heads of each KV head into one SDPA call (``gqa_sdpa_attention``) instead of HF's per-head K/V copies.
 ``--cuda-graphs``: decode steps are padded to (batch, KV length) buckets and replayed as CUDA graphs captured at
-start on every rank (collectives included), after a check against eager decoding; prefill stays eager.
+start on every rank (collectives included), after a check against eager decoding.
+``--compile-prefill``: prefill runs each decoder layer through ``torch.compile`` (dynamic shapes; one compiled
+graph reused by every layer) instead of eagerly. The eager HF forward launches ~245 small ops per layer, so a
+prefill step of a 48-layer model is bound by the host's launch rate (~150 ms whatever the prompt); compiled, the
+step is a few fused kernels per layer. The graphs are compiled at start on every rank, for every shape class a
+step can take (one or several prompts, first KV row 0 or not), so no compile happens while serving.
 
 Lockstep: rank 0 broadcasts each step (a small int64 header + payload on a gloo group, off the GPU stream) before
 any rank computes; all ranks then run identical forwards with identical collectives. Only rank 0 samples
@@ -112,6 +117,7 @@ class ServerArgs:
     served_model_name: str | None = None
     device: str = "auto"
     cuda_graphs: bool = False
+    compile_prefill: bool = False
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, msg: str) -> None:
@@ -176,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cuda-graphs",
         action="store_true",
         help="decode steps as CUDA graphs per (batch, KV length) bucket, checked against eager at start",
+    )
+    p.add_argument(
+        "--compile-prefill",
+        action="store_true",
+        help="prefill through torch.compile per decoder layer (dynamic shapes), compiled for every shape class at "
+        "start: removes the eager forward's host launch overhead",
     )
     return p
 
@@ -338,6 +350,15 @@ def apply_tp(model: nn.Module, rank: int, world: int, group: dist.ProcessGroup |
     return done
 
 
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's stack of decoder layers: the ModuleList of ``config.num_hidden_layers`` blocks."""
+    n = model.config.num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == n:
+            return list(module)
+    raise ValueError(f"model {type(model).__name__}: no ModuleList of config.num_hidden_layers = {n} decoder layers")
+
+
 def broadcast_weights(model: nn.Module, group: dist.ProcessGroup | None = None) -> None:
     """Every rank gets rank 0's parameters and buffers (dummy weights: identical model whatever the RNG did)."""
     for t in [*model.parameters(), *model.buffers()]:
@@ -374,26 +395,40 @@ class SlotKVCache:
         self._rows = slice(0, 0)
         self._positions = torch.zeros(0, 0, dtype=torch.long, device=device)
         self._kv_len = 0
+        self._fresh = False
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-    def bind(self, row0: int, positions: torch.Tensor, kv_len: int) -> None:
-        """The next forward writes rows [row0, row0 + B) at ``positions`` (B, T) and attends to [0, kv_len)."""
+    def bind(self, row0: int, positions: torch.Tensor, kv_len: int, fresh: bool = False) -> None:
+        """The next forward writes rows [row0, row0 + B) at ``positions`` (B, T) and attends to [0, kv_len).
+        ``fresh``: a prefill from position 0, whose attention needs only its own keys and values (kv_len = T)."""
         assert positions.dim() == 2 and row0 + positions.shape[0] <= self.max_batch and kv_len <= self.max_len
+        assert not fresh or kv_len == positions.shape[1]
         self._rows = slice(row0, row0 + positions.shape[0])
         self._positions = positions
         self._kv_len = kv_len
+        self._fresh = fresh
 
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._fresh:  # the step's own K/V are the whole context: attend to them, store them on the side
+            self._store(key, value, layer_idx)
+            return key, value
+        k, v = self._store(key, value, layer_idx)
+        return k[:, :, : self._kv_len], v[:, :, : self._kv_len]
+
+    @torch.compiler.disable
+    def _store(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the step's K/V into the bound rows; returns those rows' cache views. Run eagerly under a compiled
+        prefill (a graph break): the layer index and the first row stay runtime values, not graph constants."""
         idx = self._positions[:, None, :, None].expand_as(key)  # (B, H, T, D)
         k, v = self.k[layer_idx][self._rows], self.v[layer_idx][self._rows]
         k.scatter_(2, idx, key)
         v.scatter_(2, idx, value)
-        return k[:, :, : self._kv_len], v[:, :, : self._kv_len]
+        return k, v
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._kv_len
@@ -460,6 +495,7 @@ class Engine:
         ctrl_group: dist.ProcessGroup | None,
         static_decode: bool = False,
         cuda_graphs: bool = False,
+        compile_prefill: bool = False,
     ) -> None:
         cfg = model.config
         self.model, self.device, self.rank, self.world, self.ctrl = model, device, rank, world, ctrl_group
@@ -486,6 +522,19 @@ class Engine:
         self.g_mask = torch.zeros(mb, 1, 1, ml, dtype=torch.bool, device=device)
         self.g_keys = torch.arange(ml, device=device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.layers = decoder_layers(model)
+        self._eager_layer_fwd = [layer.forward for layer in self.layers]
+        self._compiled_layer_fwd: list[Callable[..., Any]] = []
+        self.compile_prefill = compile_prefill
+        if compile_prefill:
+            from torch import _dynamo
+
+            # Each layer reads its own ``layer_idx`` (an int on the module) to pick its cache tensors; kept as a
+            # graph input instead of a constant, all layers share one graph. The shape classes (prompts 1 / >= 2,
+            # first row 0 / > 0, layer 0 / > 0: 0/1 specialisation) give <= 8 graphs.
+            _dynamo.config.allow_unspec_int_on_nn_module = True
+            _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, 16)
+            self._compiled_layer_fwd = [torch.compile(f, dynamic=True) for f in self._eager_layer_fwd]
 
     # -- control plane: rank 0 -> all ------------------------------------------------------------------------
 
@@ -517,9 +566,15 @@ class Engine:
     # -- data plane ------------------------------------------------------------------------------------------
 
     def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, row0: int, kv_len: int
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        row0: int,
+        kv_len: int,
+        fresh: bool = False,
     ) -> torch.Tensor:
-        self.cache.bind(row0, positions, kv_len)
+        self.cache.bind(row0, positions, kv_len, fresh)
         out = self.base(
             input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache, use_cache=True
         )
@@ -528,7 +583,6 @@ class Engine:
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
         """Run one step; returns float32 logits (decode rows, then prefill rows; (rows, vocab)) or None."""
-        dev = self.device
         for src, dst, length in plan.moves:
             self.cache.move(src, dst, length)
         logits: list[torch.Tensor] = []
@@ -537,22 +591,56 @@ class Engine:
             decode = self._decode_static if self.static_decode else self._decode_eager
             logits.append(decode(plan.decode_tokens, plan.decode_positions))
         if plan.prefill_prompts:
-            n = len(plan.prefill_prompts)
-            lens = torch.tensor([len(p) for p in plan.prefill_prompts], dtype=torch.long, device=dev)
-            width = max(len(p) for p in plan.prefill_prompts)
-            ids = torch.zeros(n, width, dtype=torch.long)
-            for i, p in enumerate(plan.prefill_prompts):
-                ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-            ids = ids.to(dev)
-            pos = torch.arange(width, device=dev).expand(n, width)
-            q = torch.arange(width, device=dev)
-            causal = q[None, :] <= q[:, None]  # (T_q, T_k)
-            mask = (causal[None] & (q[None, None, :] < lens[:, None, None])).view(n, 1, width, width)
-            h = self._forward(ids, pos, mask, n_dec, width)
-            logits.append(self.lm_head(h[torch.arange(n, device=dev), lens - 1]))  # gathered by the TP hook
+            logits.append(self._prefill(plan.prefill_prompts, n_dec))
         if not logits:
             return None
         return torch.cat(logits).float()  # (rows, vocab)
+
+    def _prefill(self, prompts: list[list[int]], row0: int) -> torch.Tensor:
+        """Prompts padded to the longest as one (n, width) batch into KV rows [row0, row0 + n); last-token logits."""
+        dev, n = self.device, len(prompts)
+        lens = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(n, width, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        ids = ids.to(dev)
+        pos = torch.arange(width, device=dev).expand(n, width).contiguous()  # contiguous: one stride for any n
+        q = torch.arange(width, device=dev)
+        causal = q[None, :] <= q[:, None]  # (T_q, T_k)
+        mask = (causal[None] & (q[None, None, :] < lens[:, None, None])).view(n, 1, width, width)
+        # width 1 would be one more 0/1-specialised shape class: a one-token prefill is cheap eagerly
+        with self._compiled_layers(self.compile_prefill and width > 1):
+            h = self._forward(ids, pos, mask, row0, width, fresh=True)
+        return self.lm_head(h[torch.arange(n, device=dev), lens - 1])  # gathered by the TP hook
+
+    @contextlib.contextmanager
+    def _compiled_layers(self, on: bool) -> Any:
+        """Decoder layers run their compiled forward inside (decode stays eager: its CUDA graphs hold it)."""
+        if not on:
+            yield
+            return
+        for layer, f in zip(self.layers, self._compiled_layer_fwd, strict=True):
+            layer.forward = f
+        try:
+            yield
+        finally:
+            for layer, f in zip(self.layers, self._eager_layer_fwd, strict=True):
+                layer.forward = f
+
+    def warm_prefill(self) -> tuple[float, int]:
+        """Compile the prefill for every shape class before serving, identically on every rank (the graphs hold the
+        TP collectives); returns (seconds, compiled graphs). Writes KV rows 0..4, which hold no request yet."""
+        from torch._dynamo.utils import counters
+
+        assert self._compiled_layer_fwd, "Engine(compile_prefill=True) builds the compiled layers"
+        t0 = time.perf_counter()
+        for row0 in (0, 3):
+            for widths in ((9,), (9, 5)):
+                self._prefill([[0] * w for w in widths], row0)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0, int(counters["stats"]["unique_graphs"])
 
     def _decode_eager(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         n, dev = len(tokens), self.device
@@ -1286,7 +1374,13 @@ def run(args: ServerArgs) -> int:
     split = apply_tp(model, rank, world)
     if use_cuda:
         torch.cuda.empty_cache()
-    engine = Engine(model, args, device, rank, world, ctrl, cuda_graphs=args.cuda_graphs)
+    engine = Engine(
+        model, args, device, rank, world, ctrl, cuda_graphs=args.cuda_graphs, compile_prefill=args.compile_prefill
+    )
+    if args.compile_prefill:
+        with torch.inference_mode():
+            took, graphs = engine.warm_prefill()
+        log.info("compiled the prefill (decoder layers, dynamic shapes): %d graphs in %.1f s", graphs, took)
     if args.cuda_graphs:
         with torch.inference_mode():
             took = engine.capture_graphs()

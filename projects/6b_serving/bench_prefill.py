@@ -1,0 +1,99 @@
+"""6B engine benchmark: one prefill step of the torch-tp server, eager vs ``--compile-prefill``, on one GPU.
+
+    python scripts/make_dummy_model.py qwen2.5-14b outputs/models/qwen2.5-14b
+    python projects/6b_serving/bench_prefill.py --model outputs/models/qwen2.5-14b --out prefill.json
+
+What it times: ``Engine._prefill`` (the server's own prefill path: padded (n, width) batch, 4-D mask, slot KV cache,
+last-token logits) on random weights, with ``torch.cuda.synchronize`` around each step; the median of ``--repeat``
+steps after one warm step per shape. Each shape is run eagerly and compiled (the same engine; the compiled graphs
+are built once by ``warm_prefill`` before any timing). Its columns:
+
+- ``eager_ms`` / ``compiled_ms``: wall time of one step (the host launching ~245 ops per layer eagerly, a few fused
+  kernels compiled).
+- ``gpu_bound_ms``: the step if only the GPU's arithmetic counted, FLOPs / peak:
+  FLOPs = 2 * N_params_without_embeddings * n * width + 4 * L * n * width^2 * H * d_head (matmuls of every padded
+  token, plus the full width x width attention the masked SDPA computes), peak = ``--peak-tflops`` (789.6: bf16
+  matmul peak that ``phase6 plan calibrate`` measured on an H200).
+- ``compiled_vs_bound``: compiled_ms / gpu_bound_ms (1.0 = all arithmetic at the matmul peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from phase6.serving import tp_server
+from phase6.serving.tp_server import Engine, ServerArgs
+
+
+def step_ms(engine: Engine, prompts: list[list[int]], compiled: bool, repeat: int) -> float:
+    engine.compile_prefill = compiled
+    times = []
+    for i in range(repeat + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        engine._prefill(prompts, 0)
+        torch.cuda.synchronize()
+        if i:  # the first run of a shape is a warm step (allocator, cuBLAS heuristics)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="model directory or config.json (random weights)")
+    p.add_argument("--shapes", default="1x128,1x600,1x1000,2x600,4x900,8x1000", help="n x width, comma-separated")
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--peak-tflops", type=float, default=789.6)
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    a = p.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    model_path = Path(a.model)
+    config = model_path / "config.json" if model_path.is_dir() else model_path
+    args = ServerArgs(model=str(config), dummy_weights=True, max_batch=max(n for n, _ in shapes), max_model_len=4096)
+    dev = torch.device("cuda", 0)
+    model = tp_server.build_model(args, dev, torch.bfloat16)
+    cfg = model.config
+    engine = Engine(model, args, dev, 0, 1, None, compile_prefill=True)
+    with torch.inference_mode():
+        took, graphs = engine.warm_prefill()
+        print(f"compiled the prefill: {graphs} graphs in {took:.1f} s")
+        n_params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+        heads, layers = cfg.num_attention_heads, cfg.num_hidden_layers
+        d_head = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        rows = []
+        for n, w in shapes:
+            prompts = [[(7 * i + j) % cfg.vocab_size for j in range(w)] for i in range(n)]
+            eager = step_ms(engine, prompts, False, a.repeat)
+            compiled = step_ms(engine, prompts, True, a.repeat)
+            flops = 2 * n_params * n * w + 4 * layers * n * w * w * heads * d_head
+            bound = flops / (a.peak_tflops * 1e12) * 1e3
+            rows.append(
+                {
+                    "n": n,
+                    "width": w,
+                    "padded_tokens": n * w,
+                    "eager_ms": round(eager, 2),
+                    "compiled_ms": round(compiled, 2),
+                    "speedup": round(eager / compiled, 2),
+                    "gpu_bound_ms": round(bound, 2),
+                    "compiled_vs_bound": round(compiled / bound, 2),
+                }
+            )
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+    for r in rows:
+        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+    if a.out:
+        meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "host": platform.node()}
+        Path(a.out).write_text(json.dumps({"meta": meta, "compile_s": took, "graphs": graphs, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
