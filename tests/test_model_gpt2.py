@@ -47,10 +47,11 @@ def test_padded_vocab_is_allocated_but_never_scored() -> None:
     assert model(x).shape == (3, 24, 300)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_export_to_hf_same_loss_and_logits(bias: bool) -> None:
+@pytest.mark.parametrize("bias,ce_vocab", [(True, "sliced"), (False, "sliced"), (True, "padded")])
+def test_export_to_hf_same_loss_and_logits(bias: bool, ce_vocab: str) -> None:
+    """ce_vocab=padded scores all 320 columns with the 20 padding ones at -inf: HF's 300-column loss all the same."""
     torch.manual_seed(0)
-    model = GPT(tiny(bias=bias)).eval()
+    model = GPT(tiny(bias=bias, ce_vocab=ce_vocab)).eval()
     with torch.no_grad():  # move the padding rows away from zero: they must still not matter
         model.transformer.wte.weight[300:] = 5.0
     x, y = batch(300)
@@ -80,9 +81,10 @@ def test_import_from_hf_same_loss_and_logits() -> None:
         assert torch.equal(a, b), k
 
 
-def test_gradients_match_hf() -> None:
+@pytest.mark.parametrize("ce_vocab", ["sliced", "padded"])
+def test_gradients_match_hf(ce_vocab: str) -> None:
     torch.manual_seed(2)
-    model = GPT(tiny())
+    model = GPT(tiny(ce_vocab=ce_vocab))
     hf = to_hf(model).train()
     x, y = batch(300, seed=2)
     model(x, y).backward()

@@ -326,6 +326,7 @@ def test_float8_without_torchao_names_the_key(monkeypatch: pytest.MonkeyPatch) -
         (["model.float8=fp4"], r"^model\.float8: must be one of"),
         (["model.float8_lm_head=true"], r"^model\.float8_lm_head: needs model\.float8"),
         (["model.residual_dtype=fp16"], r"^model\.residual_dtype: must be one of"),
+        (["model.ce_vocab=full"], r"^model\.ce_vocab: must be one of"),
         (["model.residual_dtype=bfloat16", "device=cpu"], r"^model\.residual_dtype: bfloat16 needs bf16 training"),
         (["model.residual_dtype=bfloat16", "train.dtype=fp32"], r"^model\.residual_dtype: bfloat16 needs bf16"),
         (

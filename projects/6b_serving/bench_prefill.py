@@ -15,12 +15,18 @@ are built once by ``warm_prefill`` before any timing). Its columns:
   token, plus the full width x width attention the masked SDPA computes), peak = ``--peak-tflops`` (789.6: bf16
   matmul peak that ``phase6 plan calibrate`` measured on an H200).
 - ``compiled_vs_bound``: compiled_ms / gpu_bound_ms (1.0 = all arithmetic at the matmul peak).
+
+``--new-widths K`` adds the first-time-shape check (the fleet simulator's "new-shape cost", calibrated at C=16): K
+one-prompt prefills, each at a width not run before (the first pass), then the same K widths again (the second
+pass); p50 of each pass, eager and compiled. Run it once more under
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` to see whether the caching allocator is the cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -51,6 +57,7 @@ def main() -> None:
     p.add_argument("--shapes", default="1x128,1x600,1x1000,2x600,4x900,8x1000", help="n x width, comma-separated")
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--peak-tflops", type=float, default=789.6)
+    p.add_argument("--new-widths", type=int, default=0, help="K: first-time vs repeated widths (0 = skip)")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     a = p.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
@@ -86,13 +93,45 @@ def main() -> None:
                     "compiled_vs_bound": round(compiled / bound, 2),
                 }
             )
+        shape_rows = []
+        for mode, compiled in (("eager", False), ("compiled", True)):
+            engine.compile_prefill = compiled
+            # widths no earlier step ran, inside the range the timed shapes already allocated for (128..8x1000)
+            widths = [(602 if compiled else 601) + 3 * i for i in range(a.new_widths)]
+            passes = []
+            for _ in range(2):
+                times = []
+                for w in widths:
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    engine._prefill([[(5 * j) % cfg.vocab_size for j in range(w)]], 0)
+                    torch.cuda.synchronize()
+                    times.append((time.perf_counter() - t0) * 1e3)
+                passes.append(statistics.median(times))
+            if widths:
+                shape_rows.append(
+                    {
+                        "mode": mode,
+                        "widths": f"{widths[0]}..{widths[-1]}",
+                        "first_ms_p50": round(passes[0], 1),
+                        "repeat_ms_p50": round(passes[1], 1),
+                        "new_shape_cost_ms": round(passes[0] - passes[1], 1),
+                    }
+                )
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for r in rows:
         print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+    if shape_rows:
+        print(f"\nfirst-time widths (PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r})")
+        print("| " + " | ".join(shape_rows[0]) + " |\n|" + "---|" * len(shape_rows[0]))
+        for r in shape_rows:
+            print("| " + " | ".join(str(v) for v in r.values()) + " |")
     if a.out:
         meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "host": platform.node()}
-        Path(a.out).write_text(json.dumps({"meta": meta, "compile_s": took, "graphs": graphs, "rows": rows}, indent=1))
+        meta["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        report = {"meta": meta, "compile_s": took, "graphs": graphs, "rows": rows, "new_widths": shape_rows}
+        Path(a.out).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

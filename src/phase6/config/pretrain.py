@@ -24,6 +24,7 @@ SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 FUSED_CE = ("none", "liger")
 FLOAT8 = ("none", "tensorwise", "rowwise")
 RESIDUAL_DTYPES = ("float32", "bfloat16")
+CE_VOCAB = ("sliced", "padded")
 
 
 def flatten_options(options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -81,11 +82,16 @@ class ModelConfig:
     """dtype of the residual stream between blocks: 'float32' (bf16 autocast's default: the embeddings are fp32, so
     every residual add stays fp32) or 'bfloat16' (cast once after the embeddings; halves the stream's memory
     traffic; needs bf16 training)."""
+    ce_vocab: str = "sliced"
+    """Columns the cross-entropy reads: 'sliced' = logits[..., :vocab_size] (rows of 50257: odd length, so no row
+    starts 16-byte aligned) or 'padded' = all padded_vocab_size columns with the padding ones set to -inf in the
+    fused kernel (aligned rows; the same loss, the padding columns get zero gradient)."""
     justify: dict[str, str] = field(default_factory=dict)
     """One-line justification + source per field name, rendered into results.md."""
 
     def __post_init__(self) -> None:
         check_justify(self, "model")
+        require(self.ce_vocab in CE_VOCAB, "model.ce_vocab", f"must be one of {CE_VOCAB}, got {self.ce_vocab!r}")
         require(self.fused_ce in FUSED_CE, "model.fused_ce", f"must be one of {FUSED_CE}, got {self.fused_ce!r}")
         for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pad_vocab_multiple"):
             require(getattr(self, key) > 0, f"model.{key}", f"must be > 0, got {getattr(self, key)}")

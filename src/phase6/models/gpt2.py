@@ -147,16 +147,24 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is not None and self.fused_loss is not None:
             return self.fused_loss(x, self.lm_head.weight, targets)  # scores rows < vocab_size, like the slice below
-        logits = self.lm_head(x)[..., : self.cfg.vocab_size]  # (B, T, V): padding rows are never scored
+        logits = self.lm_head(x)  # (B, T, Vp)
         if targets is None:
-            return logits
-        return self.loss_fn(logits, targets)
+            return logits[..., : self.cfg.vocab_size]  # (B, T, V): padding columns are never scored
+        if self.cfg.ce_vocab == "sliced":
+            logits = logits[..., : self.cfg.vocab_size]
+        return self.loss_fn(logits, targets, self.cfg.vocab_size)
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of (B, T, V) logits against (B, T) targets (-100 = ignored).
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy of (B, T, V') logits against (B, T) targets (-100 = ignored), scored over the
+    first `vocab_size` columns (all of them if None): columns beyond it are set to -inf, so they add exp(-inf) = 0
+    to the softmax and get a zero gradient.
 
     The log-softmax runs in fp32 even under bf16 autocast; compiled (whole model, or this function alone under
-    per-block compilation) the upcast fuses into the CE kernel instead of materialising fp32 logits.
+    per-block compilation) the upcast and the mask fuse into the CE kernels instead of materialising fp32 logits.
     """
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    logits = logits.float()
+    if vocab_size is not None and logits.shape[-1] > vocab_size:
+        padding = torch.arange(logits.shape[-1], device=logits.device) >= vocab_size
+        logits = logits.masked_fill(padding, float("-inf"))
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
