@@ -8,6 +8,8 @@ last-token logits) on random weights, with ``torch.cuda.synchronize`` around eac
 steps after one warm step per shape. Each shape is run eagerly and compiled (the same engine; the compiled graphs
 are built once by ``warm_prefill`` before any timing). Its columns:
 
+- ``eager_cacheview_ms``: eager, attention through the slot cache's row views (the server's prefill before
+  ``--compile-prefill``; ``_prefill(fresh=False)``); ``eager_ms``: eager, attention on the step's own K/V.
 - ``eager_ms`` / ``compiled_ms``: wall time of one step (the host launching ~245 ops per layer eagerly, a few fused
   kernels compiled).
 - ``gpu_bound_ms``: the step if only the GPU's arithmetic counted, FLOPs / peak:
@@ -38,13 +40,13 @@ from phase6.serving import tp_server
 from phase6.serving.tp_server import Engine, ServerArgs
 
 
-def step_ms(engine: Engine, prompts: list[list[int]], compiled: bool, repeat: int) -> float:
+def step_ms(engine: Engine, prompts: list[list[int]], compiled: bool, repeat: int, fresh: bool = True) -> float:
     engine.compile_prefill = compiled
     times = []
     for i in range(repeat + 1):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        engine._prefill(prompts, 0)
+        engine._prefill(prompts, 0, fresh)
         torch.cuda.synchronize()
         if i:  # the first run of a shape is a warm step (allocator, cuBLAS heuristics)
             times.append((time.perf_counter() - t0) * 1e3)
@@ -77,6 +79,7 @@ def main() -> None:
         rows = []
         for n, w in shapes:
             prompts = [[(7 * i + j) % cfg.vocab_size for j in range(w)] for i in range(n)]
+            cacheview = step_ms(engine, prompts, False, a.repeat, fresh=False)
             eager = step_ms(engine, prompts, False, a.repeat)
             compiled = step_ms(engine, prompts, True, a.repeat)
             flops = 2 * n_params * n * w + 4 * layers * n * w * w * heads * d_head
@@ -86,6 +89,7 @@ def main() -> None:
                     "n": n,
                     "width": w,
                     "padded_tokens": n * w,
+                    "eager_cacheview_ms": round(cacheview, 2),
                     "eager_ms": round(eager, 2),
                     "compiled_ms": round(compiled, 2),
                     "speedup": round(eager / compiled, 2),

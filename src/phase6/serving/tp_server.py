@@ -596,8 +596,10 @@ class Engine:
             return None
         return torch.cat(logits).float()  # (rows, vocab)
 
-    def _prefill(self, prompts: list[list[int]], row0: int) -> torch.Tensor:
-        """Prompts padded to the longest as one (n, width) batch into KV rows [row0, row0 + n); last-token logits."""
+    def _prefill(self, prompts: list[list[int]], row0: int, fresh: bool = True) -> torch.Tensor:
+        """Prompts padded to the longest as one (n, width) batch into KV rows [row0, row0 + n); last-token logits.
+        ``fresh=False`` attends through the slot cache's row views instead of the step's own K/V (the same values;
+        the path before --compile-prefill existed, kept for bench_prefill's comparison)."""
         dev, n = self.device, len(prompts)
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
         width = max(len(p) for p in prompts)
@@ -611,7 +613,7 @@ class Engine:
         mask = (causal[None] & (q[None, None, :] < lens[:, None, None])).view(n, 1, width, width)
         # width 1 would be one more 0/1-specialised shape class: a one-token prefill is cheap eagerly
         with self._compiled_layers(self.compile_prefill and width > 1):
-            h = self._forward(ids, pos, mask, row0, width, fresh=True)
+            h = self._forward(ids, pos, mask, row0, width, fresh=fresh)
         return self.lm_head(h[torch.arange(n, device=dev), lens - 1])  # gathered by the TP hook
 
     @contextlib.contextmanager
