@@ -637,9 +637,10 @@ class Engine:
 
         assert self._compiled_layer_fwd, "Engine(compile_prefill=True) builds the compiled layers"
         t0 = time.perf_counter()
-        for row0 in (0, 3):
-            for widths in ((9,), (9, 5)):
-                self._prefill([[0] * w for w in widths], row0)
+        rows, w = self.cache.max_batch, min(9, self.cache.max_len)
+        for row0 in sorted({0, max(0, min(3, rows - 2))}):
+            for n in (1, 2) if rows - row0 >= 2 else (1,):
+                self._prefill([[0] * w] * n, row0)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0, int(counters["stats"]["unique_graphs"])
