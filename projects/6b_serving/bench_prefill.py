@@ -65,7 +65,9 @@ def main() -> None:
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     model_path = Path(a.model)
     config = model_path / "config.json" if model_path.is_dir() else model_path
-    args = ServerArgs(model=str(config), dummy_weights=True, max_batch=max(8, *(n for n, _ in shapes)), max_model_len=4096)
+    args = ServerArgs(
+        model=str(config), dummy_weights=True, max_batch=max(8, *(n for n, _ in shapes)), max_model_len=4096
+    )
     dev = torch.device("cuda", 0)
     model = tp_server.build_model(args, dev, torch.bfloat16)
     cfg = model.config
@@ -98,7 +100,7 @@ def main() -> None:
                 }
             )
         shape_rows = []
-        for mode, compiled in (("eager", False), ("compiled", True)):
+        for mode, compiled in (("eager", False), ("compiled", True)) if a.new_widths else ():
             engine.compile_prefill = compiled
             # widths no earlier step ran, inside the range the timed shapes already allocated for (128..8x1000)
             widths = [(602 if compiled else 601) + 3 * i for i in range(a.new_widths)]
