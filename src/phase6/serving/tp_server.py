@@ -39,11 +39,11 @@ the slot cache as ``past_key_values`` (its attention layers only call ``cache.up
 query heads of each KV head into one SDPA call (``gqa_sdpa_attention``) instead of HF's per-head K/V copies.
 ``--cuda-graphs``: decode steps are padded to (batch, KV length) buckets and replayed as CUDA graphs captured at
 start on every rank (collectives included), after a check against eager decoding.
-``--compile-prefill``: prefill runs each decoder layer through ``torch.compile`` (dynamic shapes; one compiled
-graph reused by every layer) instead of eagerly. The eager HF forward launches ~245 small ops per layer, so a
-prefill step of a 48-layer model is bound by the host's launch rate (~150 ms whatever the prompt); compiled, the
-step is a few fused kernels per layer. The graphs are compiled at start on every rank, for every shape class a
-step can take (one or several prompts, first KV row 0 or not), so no compile happens while serving.
+``--compile-prefill``: prefill runs each decoder layer through ``torch.compile`` (dynamic shapes; one set of
+compiled graphs reused by every layer) instead of eagerly: a few fused kernels per layer instead of ~70 Python-level
+ops (the engine thread shares the GIL with the HTTP thread). Alone on a GPU the step is within +-10 % of eager
+(projects/6b_serving/bench_prefill.py, docs/benchmarks.md). The graphs are compiled at start on every rank, for
+every shape class a step can take (one prompt or several), so no compile happens while serving.
 
 Lockstep: rank 0 broadcasts each step (a small int64 header + payload on a gloo group, off the GPU stream) before
 any rank computes; all ranks then run identical forwards with identical collectives. Only rank 0 samples
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile-prefill",
         action="store_true",
         help="prefill through torch.compile per decoder layer (dynamic shapes), compiled for every shape class at "
-        "start: removes the eager forward's host launch overhead",
+        "start: fused kernels instead of the eager forward's Python-level ops",
     )
     return p
 
@@ -529,9 +529,9 @@ class Engine:
         if compile_prefill:
             from torch import _dynamo
 
-            # Each layer reads its own ``layer_idx`` (an int on the module) to pick its cache tensors; kept as a
-            # graph input instead of a constant, all layers share one graph. The shape classes (prompts 1 / >= 2,
-            # first row 0 / > 0, layer 0 / > 0: 0/1 specialisation) give <= 8 graphs.
+            # Each layer hands its own ``layer_idx`` (an int on the module) to the cache write, which runs eagerly
+            # (SlotKVCache._store, a graph break); kept a runtime value instead of a graph constant, it lets every
+            # layer share the same graphs: the layer's fragments x (one prompt / several) = 8 graphs (4 per class).
             _dynamo.config.allow_unspec_int_on_nn_module = True
             _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, 16)
             self._compiled_layer_fwd = [torch.compile(f, dynamic=True) for f in self._eager_layer_fwd]
