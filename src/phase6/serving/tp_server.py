@@ -526,6 +526,8 @@ class Engine:
         self._eager_layer_fwd = [layer.forward for layer in self.layers]
         self._compiled_layer_fwd: list[Callable[..., Any]] = []
         self.compile_prefill = compile_prefill
+        self.graphs_at_start: int | None = None
+        """Compiled graphs after warm_prefill; a later compile is logged (a stall of seconds while serving)."""
         if compile_prefill:
             from torch import _dynamo
 
@@ -612,8 +614,16 @@ class Engine:
         causal = q[None, :] <= q[:, None]  # (T_q, T_k)
         mask = (causal[None] & (q[None, None, :] < lens[:, None, None])).view(n, 1, width, width)
         # width 1 would be one more 0/1-specialised shape class: a one-token prefill is cheap eagerly
-        with self._compiled_layers(self.compile_prefill and width > 1):
+        compiled = self.compile_prefill and width > 1
+        with self._compiled_layers(compiled):
             h = self._forward(ids, pos, mask, row0, width, fresh=fresh)
+        if compiled and self.graphs_at_start is not None:
+            from torch._dynamo.utils import counters
+
+            graphs = int(counters["stats"]["unique_graphs"])
+            if graphs > self.graphs_at_start:  # a shape class warm_prefill missed: this step paid for a compile
+                log.warning("prefill compiled a new graph while serving (%d prompts, width %d)", n, width)
+                self.graphs_at_start = graphs
         return self.lm_head(h[torch.arange(n, device=dev), lens - 1])  # gathered by the TP hook
 
     @contextlib.contextmanager
@@ -643,7 +653,8 @@ class Engine:
                 self._prefill([[0] * w] * n, row0)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0, int(counters["stats"]["unique_graphs"])
+        self.graphs_at_start = int(counters["stats"]["unique_graphs"])
+        return time.perf_counter() - t0, self.graphs_at_start
 
     def _decode_eager(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         n, dev = len(tokens), self.device
