@@ -68,7 +68,7 @@ of clip + AdamW.
   ce_padded  +8..11%  model.ce_vocab=padded: the CE reads all 50304 columns (aligned rows) with the 47 padding
                       columns set to -inf inside the same fused kernels; same loss. Predicted ~1.6 + ~3.2 ms at
                       ~4 TB/s, i.e. -12..14 ms of the ~123 ms step. Measured +6.6 % (backward 12.4 -> 5.5 ms,
-                      forward 5.8 -> 5.5 ms) and made the default; lever ce_sliced runs the old path.
+                      forward 5.8 -> 5.5 ms) and made the default; the lever is now ce_sliced (the old path).
   tf32       0%       no matmul runs in fp32 under bf16 autocast. Off by default.
   flash      0%       'auto' already picks FA2 on Hopper in torch 2.11. Off by default.
   Not levers:   allow_bf16_reduced_precision_reduction is already True by default. QKV already runs as one fused
@@ -155,7 +155,6 @@ LEVERS: dict[str, Lever] = {
     "fp8_rowwise": Lever({"model.float8": "rowwise"}, "+0..6%", compile_cost=1.3),
     "fp8_head": Lever({"model.float8": "tensorwise", "model.float8_lm_head": True}, "+8..16%", compile_cost=1.3),
     "bf16_resid": Lever({"model.residual_dtype": "bfloat16"}, "+2..4%", needs_cuda=True),
-    "ce_padded": Lever({"model.ce_vocab": "padded"}, "0% (the default since 2026-11-30)", needs_cuda=True),
     "ce_sliced": Lever({"model.ce_vocab": "sliced"}, "-6..-7% (the default before 2026-11-30)", needs_cuda=True),
     "tf32": Lever({"train.tf32": True}, "0%", compile_cost=0.5),
     "flash": Lever({"parallel.sdpa_backend": "flash"}, "0%", compile_cost=0.3),

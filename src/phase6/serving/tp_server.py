@@ -642,15 +642,16 @@ class Engine:
 
     def warm_prefill(self) -> tuple[float, int]:
         """Compile the prefill for every shape class before serving, identically on every rank (the graphs hold the
-        TP collectives); returns (seconds, compiled graphs). Writes KV rows 0..4, which hold no request yet."""
+        TP collectives); returns (seconds, compiled graphs). The classes are one prompt and several (0/1
+        specialisation of the batch size); the first KV row is no class, it only reaches the eager cache write.
+        Writes KV rows 0..1, which hold no request yet."""
         from torch._dynamo.utils import counters
 
         assert self._compiled_layer_fwd, "Engine(compile_prefill=True) builds the compiled layers"
         t0 = time.perf_counter()
-        rows, w = self.cache.max_batch, min(9, self.cache.max_len)
-        for row0 in sorted({0, max(0, min(3, rows - 2))}):
-            for n in (1, 2) if rows - row0 >= 2 else (1,):
-                self._prefill([[0] * w] * n, row0)
+        w = min(9, self.cache.max_len)
+        for n in (1, 2) if self.cache.max_batch >= 2 else (1,):
+            self._prefill([[0] * w] * n, 0)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.graphs_at_start = int(counters["stats"]["unique_graphs"])
