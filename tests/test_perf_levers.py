@@ -153,6 +153,15 @@ def test_bad_perf_config_names_the_key(override: str, key: str) -> None:
         load_config("pretrain", [override])
 
 
+def test_fa4_without_the_package_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sdpa_backend=fa4 checks for flash-attn-4 when the model is parallelized, before any step: one line naming
+    the key and the package, not an ImportError from inside a compiled graph."""
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # import fails as if not installed
+    assert load_config("pretrain", ["parallel.sdpa_backend=fa4"]).parallel.sdpa_backend == "fa4"
+    with pytest.raises(ValueError, match=r"^parallel\.sdpa_backend: 'fa4' needs the flash-attn-4 package"):
+        parallelize(GPT(CFG), ParallelConfig(sdpa_backend="fa4", compile=False), CPU)
+
+
 def test_fullgraph_with_fused_ce_is_rejected_under_whole_model_compile() -> None:
     model = dataclasses.replace(CFG, fused_ce="liger")
     with pytest.raises(ValueError, match=r"^parallel\.fullgraph: cannot be true with model\.fused_ce=liger"):
@@ -239,6 +248,44 @@ def test_compiled_liger_and_cudnn_train_like_the_default_on_gpu() -> None:
     assert losses[1][1] == pytest.approx(losses[0][1], abs=1e-2)
     assert losses[0][0] - losses[0][1] > 2e-2  # the step moved the loss by more than the tolerance
     torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_fa4_attention_matches_the_fp32_reference_on_gpu() -> None:
+    """parallel.sdpa_backend=fa4 (FlashAttention-4 behind SDPA's flash backend) against SDPA's math kernel in fp32,
+    causal, GPT-2 124M's head shape (12 heads x 64) at T=1024: output and q/k/v gradients within 2 % of each one's
+    max (bf16 inputs; the default flash/cuDNN kernels land at ~0.5 %). The FA4 kernel must be the one that ran."""
+    pytest.importorskip("flash_attn.cute")
+    from torch.nn.attention import SDPBackend, current_flash_attention_impl, restore_flash_attention_impl, sdpa_kernel
+
+    from phase6.parallel import activate_fa4
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 12, 1024, 64, device="cuda", generator=g) for _ in range(3))
+    dout = torch.randn(2, 12, 1024, 64, device="cuda", generator=g)
+
+    def run(dtype: torch.dtype, backend: SDPBackend) -> list[torch.Tensor]:
+        qkv = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(*qkv, is_causal=True)
+        out.backward(dout.to(dtype))
+        return [out.float(), *(t.grad.float() for t in qkv)]
+
+    ref = run(torch.float32, SDPBackend.MATH)
+    activate_fa4()
+    try:
+        assert current_flash_attention_impl() == "FA4"
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            got = run(torch.bfloat16, SDPBackend.FLASH_ATTENTION)
+            torch.cuda.synchronize()
+    finally:
+        restore_flash_attention_impl()
+    names = " ".join(e.key for e in prof.key_averages())
+    assert "pytorch_flash::flash_fwd_kernel" not in names  # not FA2
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ref, got, strict=True):
+        err = (b - a).abs().max().item() / a.abs().max().item()
+        assert err < 2e-2, f"{name}: max error {err:.3g} of max |ref|"
 
 
 # ---------------------------------------------------------------------------------------------------- numerics levers

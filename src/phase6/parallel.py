@@ -40,14 +40,38 @@ SDPA_BACKENDS = {
 }
 
 
+def activate_fa4() -> None:
+    """Route SDPA's flash backend to FlashAttention-4 (the flash-attn-4 package's CuTe kernels, SM90 and SM100)
+    through PyTorch's flash-attention registry. Process-wide: every later flash-backend SDPA call runs FA4, and an
+    input FA4 cannot take raises (torch.nn.attention._fa4) instead of falling back to FA2."""
+    import torch.nn.attention as attention
+
+    if not hasattr(attention, "activate_flash_attention_impl"):
+        raise ValueError(
+            f"parallel.sdpa_backend: 'fa4' needs torch >= 2.11 (flash-attention registry), got {torch.__version__}"
+        )
+    try:
+        import flash_attn.cute  # noqa: F401  (the FA4 kernels; torch imports them lazily, this fails early and clearly)
+    except ImportError as e:
+        raise ValueError(
+            f"parallel.sdpa_backend: 'fa4' needs the flash-attn-4 package (pip install flash-attn-4): {e}"
+        ) from None
+    attention.activate_flash_attention_impl("FA4")
+
+
 def apply_sdpa(model: nn.Module, backend: str) -> None:
     """Pin scaled_dot_product_attention to one kernel ('auto' = PyTorch's own priority order). Each attention runs
     SDPA under torch.nn.attention.sdpa_kernel([that backend]); torch.compile traces the context, so the compiled
-    graph calls the chosen kernel (and its backward). A backend that cannot run raises, it never falls back."""
-    if backend not in ("auto", *SDPA_BACKENDS):
-        raise ValueError(f"parallel.sdpa_backend: must be auto or one of {sorted(SDPA_BACKENDS)}, got {backend!r}")
+    graph calls the chosen kernel (and its backward). A backend that cannot run raises, it never falls back.
+    'fa4' pins the flash backend after routing it to FlashAttention-4 (activate_fa4)."""
+    if backend not in ("auto", "fa4", *SDPA_BACKENDS):
+        raise ValueError(f"parallel.sdpa_backend: must be auto, fa4 or one of {sorted(SDPA_BACKENDS)}, got {backend!r}")
+    if backend == "fa4":
+        activate_fa4()
     for block in _blocks(model):
-        block.attn.sdpa_backends = None if backend == "auto" else [SDPA_BACKENDS[backend]]
+        block.attn.sdpa_backends = (
+            None if backend == "auto" else [SDPA_BACKENDS["flash" if backend == "fa4" else backend]]
+        )
 
 
 def apply_float8(model: nn.Module, recipe: str, lm_head: bool = False) -> None:

@@ -69,6 +69,21 @@ of clip + AdamW.
                       columns set to -inf inside the same fused kernels; same loss. Predicted ~1.6 + ~3.2 ms at
                       ~4 TB/s, i.e. -12..14 ms of the ~123 ms step. Measured +6.6 % (backward 12.4 -> 5.5 ms,
                       forward 5.8 -> 5.5 ms) and made the default; the lever is now ce_sliced (the old path).
+  Fourth round (2026-11-30), after ce_padded: combined row 118.0 ms = GEMMs 70.3 + inductor Triton 28.2 (CE
+  forward 5.1, CE backward 4.7) + attention 18.4 (cuDNN sm90: forward ~7.5 ms for 1.24 TFLOP = ~165 TFLOP/s,
+  backward ~10.8 ms for 3.1 TFLOP = ~290 TFLOP/s) + AdamW 1.5.
+  fa4        +2..4%   parallel.sdpa_backend=fa4: FlashAttention-4's SM90 CuTe kernels (FA3's design: warp-
+                      specialised, pingpong softmax/GEMM overlap) behind SDPA. Forward ~7.5 -> ~4.5 ms (~300
+                      TFLOP/s), backward ~10.8 -> ~10 ms: -3..5 ms. Runs in a child process (the registry is
+                      process-wide; first call JIT-compiles the kernels).
+  two_pass   +1.5..2.5% inductor online_softmax=False: the CE forward is one online-softmax reduction, 2 exp per
+                      logit (rescale + term) over 3.3e9 logits, 5.1 ms at ~1.3 TB/s: exp-bound, not HBM-bound. Two
+                      passes (max, then sum of exp) read each 100 KB row twice, the second from L2 (132-264 rows in
+                      flight = 13-26 MB < 50 MB), with 1 exp per logit: ~2.5 ms.
+  autotune_sub +0..5% max-autotune-no-cudagraphs with autotune_in_subproc=True: the first round's device-side assert
+                      came from a Triton GEMM candidate benchmarked in-process; in a subprocess a failing candidate
+                      is discarded. Bias/GELU epilogue fusion (~7 ms of GELU + bias kernels) against Triton GEMMs
+                      that may lose to cuBLAS at 87% of peak.
   tf32       0%       no matmul runs in fp32 under bf16 autocast. Off by default.
   flash      0%       'auto' already picks FA2 on Hopper in torch 2.11. Off by default.
   Not levers:   allow_bf16_reduced_precision_reduction is already True by default. QKV already runs as one fused
@@ -156,6 +171,15 @@ LEVERS: dict[str, Lever] = {
     "fp8_head": Lever({"model.float8": "tensorwise", "model.float8_lm_head": True}, "+8..16%", compile_cost=1.3),
     "bf16_resid": Lever({"model.residual_dtype": "bfloat16"}, "+2..4%", needs_cuda=True),
     "ce_sliced": Lever({"model.ce_vocab": "sliced"}, "-6..-7% (the default before 2026-11-30)", needs_cuda=True),
+    "fa4": Lever({"parallel.sdpa_backend": "fa4"}, "+2..4%", needs_cuda=True, compile_cost=1.5, isolate=True),
+    "two_pass": Lever({"parallel.inductor": {"online_softmax": False}}, "+1.5..2.5%", needs_compile=True),
+    "autotune_sub": Lever(
+        {"parallel.compile_mode": "max-autotune-no-cudagraphs", "parallel.inductor": {"autotune_in_subproc": True}},
+        "+0..5%",
+        needs_compile=True,
+        compile_cost=4.0,
+        isolate=True,
+    ),
     "tf32": Lever({"train.tf32": True}, "0%", compile_cost=0.5),
     "flash": Lever({"parallel.sdpa_backend": "flash"}, "0%", compile_cost=0.3),
     "efficient": Lever({"parallel.sdpa_backend": "efficient"}, "-10..-5%", needs_cuda=True),
@@ -522,7 +546,7 @@ def run_child(
         "--preset", args.preset, "--hardware", args.hardware, "--seq-len", str(args.seq_len),
         "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
         "--device", args.device, "--worker", worker, "--worker-levers", ",".join(levers),
-        "--worker-accums", ",".join(map(str, accums)), "--worker-label", label,
+        "--worker-accums", ",".join(map(str, accums)), "--worker-label", label, "--profile", str(args.profile),
     ] + (["--no-compile"] if args.no_compile else [])  # fmt: skip
     if worker != "single":
         child = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *child]

@@ -20,7 +20,7 @@ PARALLEL_MODES = ("ddp", "fsdp2")
 SANITY_MODES = ("none", "overfit_batch")
 DTYPES = ("auto", "bf16", "fp32")
 COMPILE_MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
-SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math", "fa4")
 FUSED_CE = ("none", "liger")
 FLOAT8 = ("none", "tensorwise", "rowwise")
 RESIDUAL_DTYPES = ("float32", "bfloat16")
@@ -218,7 +218,9 @@ class ParallelConfig:
     merged over the compile_mode's own options (torch._inductor.list_mode_options)."""
     sdpa_backend: str = "auto"
     """Attention kernel: 'auto' (PyTorch's priority order: flash on Hopper), or force 'flash', 'cudnn',
-    'efficient', 'math' (torch.nn.attention.sdpa_kernel); forcing one that cannot run is an error, not a fallback."""
+    'efficient', 'math' (torch.nn.attention.sdpa_kernel); forcing one that cannot run is an error, not a fallback.
+    'fa4' routes SDPA's flash backend to FlashAttention-4's CuTe kernels (SM90/SM100; needs the flash-attn-4
+    package: torch.nn.attention.activate_flash_attention_impl)."""
     activation_checkpointing: bool = False
     """Recompute each block in backward to save activation memory (~+33% compute)."""
     reshard_after_forward: bool = True
