@@ -2,7 +2,7 @@
 
     apply_float8   swap the blocks' Linear layers for torchao Float8Linear (model.float8)  (first: compile and
                    FSDP2 must see the final modules; parameters and their names are unchanged)
-    apply_sdpa     pin the attention kernel (flash / cudnn / efficient / math)   (before compile: it is traced)
+    apply_sdpa     pin the attention kernel (flash / cudnn / efficient / math / fa4)  (before compile: it is traced)
     apply_ac       wrap each block in activation checkpointing      (first: compile must trace the recompute)
     apply_compile  torch.compile: per block under FSDP2 (each block is one graph between FSDP's all-gather /
                    reduce-scatter hooks), the whole model otherwise (so the lm_head + cross-entropy fuse)
