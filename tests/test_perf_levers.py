@@ -162,6 +162,34 @@ def test_fa4_without_the_package_is_a_config_error(monkeypatch: pytest.MonkeyPat
         parallelize(GPT(CFG), ParallelConfig(sdpa_backend="fa4", compile=False), CPU)
 
 
+def test_fa4_adapter_gives_torch_the_two_outputs_it_unpacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's FA4 glue runs `out, lse = _flash_attn_fwd(...)`; flash-attn-4 4.0.0b36 returns 5 values. The adapter
+    module torch is registered with passes the arguments through and keeps (out, lse); the backward is FA4's own."""
+    import importlib
+    import types
+
+    calls = []
+
+    def fwd(*args: object, **kwargs: object) -> tuple[str, ...]:
+        calls.append((args, kwargs))
+        return ("out", "lse", "p", "row_max", "o_lo")
+
+    def bwd(*args: object, **kwargs: object) -> tuple[str, ...]:
+        return ("dq", "dk", "dv")
+
+    fake = types.ModuleType("flash_attn.cute.interface")
+    fake._flash_attn_fwd, fake._flash_attn_bwd = fwd, bwd
+    for name, mod in (("flash_attn", types.ModuleType("flash_attn")), ("flash_attn.cute", types.ModuleType("c"))):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", fake)
+    monkeypatch.delitem(sys.modules, "phase6.models.fa4_interface", raising=False)
+    shim = importlib.import_module("phase6.models.fa4_interface")
+    assert shim._flash_attn_fwd(1, 2, 3, causal=True, return_lse=True) == ("out", "lse")
+    assert calls == [((1, 2, 3), {"causal": True, "return_lse": True})]
+    assert shim._flash_attn_bwd is bwd
+    monkeypatch.delitem(sys.modules, "phase6.models.fa4_interface")
+
+
 def test_fullgraph_with_fused_ce_is_rejected_under_whole_model_compile() -> None:
     model = dataclasses.replace(CFG, fused_ce="liger")
     with pytest.raises(ValueError, match=r"^parallel\.fullgraph: cannot be true with model\.fused_ce=liger"):

@@ -16,6 +16,8 @@ off with `set_grad_sync` (DDP no_sync / FSDP2 set_requires_gradient_sync), so ea
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -46,7 +48,7 @@ def activate_fa4() -> None:
     input FA4 cannot take raises (torch.nn.attention._fa4) instead of falling back to FA2."""
     import torch.nn.attention as attention
 
-    if not hasattr(attention, "activate_flash_attention_impl"):
+    if not hasattr(attention, "register_flash_attention_impl"):
         raise ValueError(
             f"parallel.sdpa_backend: 'fa4' needs torch >= 2.11 (flash-attention registry), got {torch.__version__}"
         )
@@ -56,6 +58,11 @@ def activate_fa4() -> None:
         raise ValueError(
             f"parallel.sdpa_backend: 'fa4' needs the flash-attn-4 package (pip install flash-attn-4): {e}"
         ) from None
+    from torch.nn.attention import _fa4
+
+    # torch's FA4 glue expects 2 outputs of flash-attn-4's forward; phase6.models.fa4_interface adapts newer releases
+    register = functools.partial(_fa4.register_flash_attention_fa4, module_path="phase6.models.fa4_interface")
+    attention.register_flash_attention_impl("FA4", register_fn=register)
     attention.activate_flash_attention_impl("FA4")
 
 
