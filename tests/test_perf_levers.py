@@ -294,7 +294,7 @@ def test_fa4_attention_matches_the_fp32_reference_on_gpu() -> None:
     dout = torch.randn(2, 12, 1024, 64, device="cuda", generator=g)
 
     def run(dtype: torch.dtype, backend: SDPBackend) -> list[torch.Tensor]:
-        qkv = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        qkv = [t.detach().to(dtype).clone().requires_grad_() for t in (q, k, v)]  # fresh leaves per run
         with sdpa_kernel([backend]):
             out = F.scaled_dot_product_attention(*qkv, is_causal=True)
         out.backward(dout.to(dtype))

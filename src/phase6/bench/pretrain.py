@@ -84,6 +84,10 @@ of clip + AdamW.
                       came from a Triton GEMM candidate benchmarked in-process; in a subprocess a failing candidate
                       is discarded. Bias/GELU epilogue fusion (~7 ms of GELU + bias kernels) against Triton GEMMs
                       that may lose to cuBLAS at 87% of peak.
+  Measured (docs/benchmarks.md, fourth round): fa4 +0.2% (attention 17.1 -> 15.3 GPU ms, but cuDNN's forward was
+  already 4.1 ms at ~300 TFLOP/s and FA4's Python launch path adds 1.4 ms of GPU idle); two_pass -0.4% (CE forward
+  5.1 -> 4.8 ms only); autotune_sub +0.7% (compiles now; 226 s, +5 GiB). Best combined: bf16_resid + coord + fa4,
+  573.9k tokens/s.
   tf32       0%       no matmul runs in fp32 under bf16 autocast. Off by default.
   flash      0%       'auto' already picks FA2 on Hopper in torch 2.11. Off by default.
   Not levers:   allow_bf16_reduced_precision_reduction is already True by default. QKV already runs as one fused
@@ -187,7 +191,7 @@ LEVERS: dict[str, Lever] = {
 DEFAULT_LEVERS = "cudnn,liger,fullgraph,autotune,coord"
 # predictions of the other rows for the default run (GPT-2 124M on one H200; the docstring gives the reasoning)
 ROW_PREDICTIONS = (
-    ("ours baseline", "532k (measured 2026-11-30, ce_vocab=padded)"),
+    ("ours baseline", "539-547k (measured 2026-11-30, ce_vocab=padded)"),
     ("HF ", "~417k (issue 3)"),
     ("ours combined DDP", "97..99% scaling"),
     ("ours combined FSDP2", "93..97% scaling"),
