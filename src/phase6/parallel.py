@@ -39,6 +39,7 @@ SDPA_BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "math": SDPBackend.MATH,
+    "fa4": SDPBackend.FLASH_ATTENTION,  # the flash backend, routed to FlashAttention-4 by activate_fa4
 }
 
 
@@ -71,14 +72,12 @@ def apply_sdpa(model: nn.Module, backend: str) -> None:
     SDPA under torch.nn.attention.sdpa_kernel([that backend]); torch.compile traces the context, so the compiled
     graph calls the chosen kernel (and its backward). A backend that cannot run raises, it never falls back.
     'fa4' pins the flash backend after routing it to FlashAttention-4 (activate_fa4)."""
-    if backend not in ("auto", "fa4", *SDPA_BACKENDS):
-        raise ValueError(f"parallel.sdpa_backend: must be auto, fa4 or one of {sorted(SDPA_BACKENDS)}, got {backend!r}")
+    if backend not in ("auto", *SDPA_BACKENDS):
+        raise ValueError(f"parallel.sdpa_backend: must be auto or one of {sorted(SDPA_BACKENDS)}, got {backend!r}")
     if backend == "fa4":
         activate_fa4()
     for block in _blocks(model):
-        block.attn.sdpa_backends = (
-            None if backend == "auto" else [SDPA_BACKENDS["flash" if backend == "fa4" else backend]]
-        )
+        block.attn.sdpa_backends = None if backend == "auto" else [SDPA_BACKENDS[backend]]
 
 
 def apply_float8(model: nn.Module, recipe: str, lm_head: bool = False) -> None:
