@@ -165,7 +165,7 @@ def test_fa4_without_the_package_is_a_config_error(monkeypatch: pytest.MonkeyPat
 def test_fa4_adapter_gives_torch_the_two_outputs_it_unpacks(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's FA4 glue runs `out, lse = _flash_attn_fwd(...)`; flash-attn-4 4.0.0b36 returns 5 values. The adapter
     module torch is registered with passes the arguments through and keeps (out, lse); the backward is FA4's own."""
-    import importlib
+    import importlib.util
     import types
 
     calls = []
@@ -182,12 +182,14 @@ def test_fa4_adapter_gives_torch_the_two_outputs_it_unpacks(monkeypatch: pytest.
     for name, mod in (("flash_attn", types.ModuleType("flash_attn")), ("flash_attn.cute", types.ModuleType("c"))):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", fake)
-    monkeypatch.delitem(sys.modules, "phase6.models.fa4_interface", raising=False)
-    shim = importlib.import_module("phase6.models.fa4_interface")
+    # a fresh copy of the adapter bound to the fake package, never entered in sys.modules (a later activate_fa4
+    # in the same process must import the real one)
+    spec = importlib.util.find_spec("phase6.models.fa4_interface")
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
     assert shim._flash_attn_fwd(1, 2, 3, causal=True, return_lse=True) == ("out", "lse")
     assert calls == [((1, 2, 3), {"causal": True, "return_lse": True})]
     assert shim._flash_attn_bwd is bwd
-    monkeypatch.delitem(sys.modules, "phase6.models.fa4_interface")
 
 
 def test_fullgraph_with_fused_ce_is_rejected_under_whole_model_compile() -> None:
@@ -311,6 +313,8 @@ def test_fa4_attention_matches_the_fp32_reference_on_gpu() -> None:
         restore_flash_attention_impl()
     names = " ".join(e.key for e in prof.key_averages())
     assert "pytorch_flash::flash_fwd_kernel" not in names  # not FA2
+    # FA4's CuTe kernels, as the H200 profile names them (kernel_cutlass_..._FlashAttentionForwardSm90_...)
+    assert "FlashAttentionForward" in names and "FlashAttentionBackward" in names
     for name, a, b in zip(("out", "dq", "dk", "dv"), ref, got, strict=True):
         err = (b - a).abs().max().item() / a.abs().max().item()
         assert err < 2e-2, f"{name}: max error {err:.3g} of max |ref|"
