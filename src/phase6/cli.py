@@ -99,12 +99,19 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the scripting interface)."),
     explain: bool = typer.Option(False, "--explain", help="Print the derivation with every number."),
 ) -> None:
-    """Predict memory, comm, step time or serving latency; rank layouts. `phase6 plan calibrate -h` to measure."""
+    """Predict memory, comm, step time or serving latency; rank layouts. `phase6 plan calibrate -h` to measure,
+    `phase6 plan validate` to hold the model against published runs."""
     if ctx.args[:1] == ["calibrate"]:
         from phase6.plan.calibrate import cli_main
 
         with one_line_errors():
             cli_main(ctx.args[1:])
+        return
+    if ctx.args[:1] == ["validate"]:
+        from phase6.plan.validate import cli_main as validate_main
+
+        with one_line_errors():
+            validate_main(ctx.args[1:] + (["--json"] if json_out else []))
         return
     output = ["plan.output=json"] if json_out else ["plan.output=explain"] if explain else []
     run("plan", ctx.args + output, multirun)

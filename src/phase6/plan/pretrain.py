@@ -197,8 +197,12 @@ class PretrainPrediction:
     def formulas(self) -> dict[str, str]:
         f = {
             "flops_per_token": f"{metrics.FLOPS_FORMULA} with N={self.matmul_params:,} matmul params, T={self.seq_len}",
-            "tokens_per_s": f"MFU {self.mfu_assumed:.2f} x {self.hardware} peak x {self.num_gpus} GPUs / FLOPs-per-token "
-            f"+ exposed comm ({self.mfu_source}; hardware: {self.hardware_source})",
+            "tokens_per_s": (
+                f"MFU {self.mfu_assumed:.2f} x {self.hardware} peak x {self.num_gpus} GPUs / FLOPs-per-token"
+                if self.mfu_assumed
+                else "tokens/step / (GEMM + attention + memory-bound kernels + optimizer)"
+            )
+            + f" + exposed comm ({self.mfu_source}; hardware: {self.hardware_source})",
             "memory": "16 B/param mixed-precision Adam (DDP replicated, FSDP2 / GPUs) + Korthikanti activations "
             "(flash) + logits b*s*V*6 B",
         }
@@ -253,10 +257,8 @@ def predict_pretrain(
             raise ValueError(f"predict_pretrain: {k} must be >= 1, got {v}")
     spec = spec_from(model)
     profile = hardware if isinstance(hardware, HardwareProfile) else build_profile(hardware)
-    if mfu is None:
-        mfu, mfu_source = mfu_prior(spec.num_params())
-    else:
-        mfu_source = "given"
+    # mfu=None: kernel-level compute (GEMM/attention/memory-bound rates of the hardware) + exposed comm, no prior.
+    mfu_source = "given" if mfu is not None else f"kernel-level model: {profile.kernel_source()}"
     layout = ParallelLayout(dp=num_gpus)
     tokens = seq_len * micro_batch * grad_accum * num_gpus
     setups = {
@@ -282,7 +284,7 @@ def predict_pretrain(
         grad_accum=grad_accum,
         num_gpus=num_gpus,
         parallel=parallel,
-        mfu_assumed=mfu,
+        mfu_assumed=mfu or 0.0,
         mfu_source=mfu_source,
         hardware=profile.hardware.name,
         hardware_source=profile.source,
