@@ -113,6 +113,14 @@ def plan(
         with one_line_errors():
             validate_main(ctx.args[1:] + (["--json"] if json_out else []))
         return
+    from phase6.plan.model import list_presets
+
+    for arg in ctx.args:  # Hydra's own message ("Could not find 'model/x'") does not say what exists
+        if arg.startswith("model=") and "," not in arg and arg[len("model=") :] not in list_presets():
+            fail(
+                f"model: unknown preset {arg[len('model=') :]!r}; known: {', '.join(list_presets())} "
+                "(or pass plan.hf_config=PATH/config.json)"
+            )
     output = ["plan.output=json"] if json_out else ["plan.output=explain"] if explain else []
     run("plan", ctx.args + output, multirun)
 

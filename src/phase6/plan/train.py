@@ -190,11 +190,20 @@ def compute_breakdown(
     model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, profile: HardwareProfile, tokens_step: float
 ) -> ComputeBreakdown:
     """GEMMs at the achievable matmul rate, flash attention at its rate on the causal FLOPs it executes, memory-bound
-    kernels (norms, activations, RoPE, residuals, loss, optimizer) at HBM bandwidth. Sources: docs/cost_model.md §4."""
-    gpus = layout.gpus
+    kernels (norms, activations, RoPE, residuals, loss, optimizer) at HBM bandwidth. Sources: docs/cost_model.md §4.
+
+    Per GPU of the slowest pipeline stage: a stage holds ceil(L/pp) blocks, and the last one also the LM head and the
+    loss (the first one's embedding lookup is free), so with PP the step runs at the pace of the heavier stage.
+    TP (with sequence parallelism) divides every term; DP and CP divide the tokens.
+    """
     n_mm = model.num_matmul_params()
+    head_mm = model.vocab_size * model.hidden_size  # the LM head matmul (tied or not, it is a GEMM)
+    layer_mm = (n_mm - head_mm) / model.num_layers
+    layers = math.ceil(model.num_layers / layout.pp)
+    tokens_gpu = tokens_step / (layout.dp * layout.cp)  # tokens through this GPU's stage per step
+    tp = layout.tp
     # Recompute: full AC reruns every block forward (2N per token); selective op-level AC reruns every other matmul
-    # (torchtitan op SAC saves every second mm output): +1N.
+    # (torchtitan op SAC saves every second mm output): +1N. The head is outside the checkpointed blocks.
     if setup.activation_checkpointing:
         extra_mm, attn_fwd_again, elem_passes, note = 2.0, True, 4.0, "full AC: +2N GEMM, attention fwd again"
     elif setup.selective_ac:
@@ -202,28 +211,30 @@ def compute_breakdown(
     else:
         extra_mm, attn_fwd_again, elem_passes, note = 0.0, False, 3.0, ""
     gemm_rate = profile.matmul_flops_fp8 if setup.fp8 else profile.matmul_flops
-    gemm = (6.0 + extra_mm) * n_mm * tokens_step / (gpus * gemm_rate)
-    # 12·L·H·Q·T per token counts the full score matrix; a causal flash kernel executes half of it (FA2/FA3 papers).
-    attn_counted = 12.0 * model.num_layers * model.num_heads * model.head_dim * setup.seq_len * tokens_step
-    attn_exec = 0.5 * attn_counted * (4 / 3 if attn_fwd_again else 1.0)
-    attention = attn_exec / (gpus * profile.attention_flops)
+    body_flops = (6.0 + extra_mm) * layers * layer_mm * tokens_gpu
+    head_flops = 6.0 * head_mm * tokens_gpu if layout.pp > 1 else 6.0 * head_mm * tokens_gpu
+    last_gemm = (body_flops + head_flops) / (tp * gemm_rate)
+    first_gemm = body_flops / (tp * gemm_rate) if layout.pp > 1 else last_gemm
+    # 12·H·Q·T per token and layer counts the full score matrix; a causal flash kernel executes half of it.
+    attn_exec = 0.5 * 12.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
+    attention = attn_exec * (4 / 3 if attn_fwd_again else 1.0) / (tp * profile.attention_flops)
     bw = profile.stream_bytes_per_s
-    elem = (
-        elem_passes
-        * model.num_layers
-        * elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
-        * tokens_step
-        / (gpus * bw)
-    )
-    # Loss: bf16 logits written, softmax + its gradient in fp32 (read/write ~16 B per vocab entry per token), on the
-    # last stage only, vocab-parallel over TP: per GPU tokens/(dp·cp) of the last stage's share.
-    loss = 16.0 * model.vocab_size * tokens_step / (layout.dp * layout.cp * layout.tp * bw)
+    per_layer_bytes = elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
+    elem = elem_passes * layers * per_layer_bytes * tokens_gpu / (tp * bw)
+    # Loss: bf16 logits written, softmax + its gradient in fp32 (~16 B per vocab entry per token), vocab-parallel.
+    loss = 16.0 * model.vocab_size * tokens_gpu / (tp * bw)
+    first = first_gemm + attention + elem
+    last = last_gemm + attention + elem + loss
+    if first > last:  # (only with a tiny vocab) report the first stage
+        last_gemm, loss = first_gemm, 0.0
     # AdamW on the local (ZeRO-sharded) fp32 states: read param, grad, m, v (16 B), write param, m, v, bf16 copy (14 B).
-    local = model.num_params() / (layout.tp * layout.pp)
+    local = (layers * model.layer_params() + model.embedding_params() + model.lm_head_params()) / tp
+    if layout.pp == 1:
+        local = model.num_params() / tp
     if setup.zero >= 1:
         local /= layout.dp * layout.cp
     optimizer = 30.0 * local / bw
-    return ComputeBreakdown(gemm, attention, elem, loss, optimizer, note)
+    return ComputeBreakdown(last_gemm, attention, elem, loss, optimizer, note)
 
 
 def predict_train_step(

@@ -160,7 +160,7 @@ def run_case(case: Case) -> CaseResult:
     pred = predict_train_step(spec, lay, setup, profile, overhead_gib=overhead)
     _PEAK[id(pred)] = profile.peak_flops
     preds: list[StepPrediction] = []
-    for cand in layouts(spec, case.gpus, "train", {}, setup.seq_len):
+    for cand in layouts(spec, case.gpus, "train", {}, setup.seq_len, profile.gpus_per_node):
         q = pred if cand == lay else predict_train_step(spec, cand, setup, profile, overhead_gib=overhead)
         if q.fits:
             preds.append(q)
