@@ -7,7 +7,8 @@
 
 Formulas (docs/cost_model.md):
 - FLOPs/token = 6N + 12·L·H·Q·T (PaLM appendix B; nanoGPT ``estimate_mfu``, torchtitan), N = matmul parameters.
-- tokens/s = MFU x peak x GPUs / FLOPs-per-token, minus exposed communication (phase6.plan.train).
+- tokens/s = tokens per step / (kernel-level compute + exposed communication + optimizer) (phase6.plan.train; an
+  explicit mfu= makes the forward+backward run at that fraction of the bf16 peak instead).
 - memory = 16 B/param mixed-precision Adam (DDP: replicated; FSDP2 = ZeRO-3: / GPUs) + activations
   (Korthikanti et al. 2022, flash attention) + logits b·s·V·(2+4) B.
 - loss L(N, D) = E + A/N^alpha + B/D^beta (Chinchilla approach 3) for the Hoffmann 2022 and Besiroglu 2024 fits,
@@ -26,14 +27,6 @@ from phase6.plan.memory import GIB, ParallelLayout, TrainSetup
 from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile, build_profile
 from phase6.plan.train import StepPrediction, predict_train_step
-
-# MFU priors (dense bf16 peak, PaLM FLOPs formula) by model size, from measured runs on H100-class GPUs
-# (shared/reference/anchors-6a-pretrain.md §1a, §5). Override with mfu= or calibrate on your own run.
-MFU_PRIORS: tuple[tuple[float, float, str], ...] = (
-    (2.0e8, 0.45, "GPT-2 124M: llm.c 8xH100 40% (PaLM form, incl. DP sync), nanoGPT bench 1xH200 B=32 ~44%"),
-    (2.0e9, 0.45, "GPT-2 350M-1.5B: llm.c 350M 58% on A100, 1558M 46.5% on 8xH100; anchors predict 45%"),
-    (float("inf"), 0.36, "7B+: torchtitan Llama-3.1-8B FSDP on 8xH100 33-39% without Float8"),
-)
 
 
 @dataclass(frozen=True)
@@ -105,13 +98,6 @@ def predict_loss(n_params: float, tokens: float, reference: LossReference = LLMC
     raw = {f.name: f(n_params, tokens) for f in LOSS_FITS}
     delta = {f.name: reference.loss - f(reference.n_params, reference.tokens) for f in LOSS_FITS}
     return LossPrediction(n_params, tokens, reference, raw, delta, {k: raw[k] + delta[k] for k in raw})
-
-
-def mfu_prior(num_params: float) -> tuple[float, str]:
-    for limit, mfu, source in MFU_PRIORS:
-        if num_params <= limit:
-            return mfu, source
-    raise AssertionError("MFU_PRIORS ends with inf")
 
 
 def spec_from(model: ModelSpec | Any) -> ModelSpec:
