@@ -29,7 +29,17 @@ def results():  # noqa: ANN201
 def test_table_has_the_issue_cases_with_sources(results) -> None:  # noqa: ANN001
     rows, _ = results
     ids = {r.case.id for r in rows if not r.case.held_out}
-    assert len(ids) == 8
+    issue = {
+        "llmc-gpt2-124m-8xh100",
+        "llmc-gpt2-1558m-8xh100",
+        "torchtitan-llama3.1-8b-8xh100-fsdp",
+        "torchtitan-llama3-8b-64xa100-fsdp",
+        "torchtitan-llama3-70b-64xa100-fsdp",
+        "megatron-gpt-70b-768xh100",
+        "megatron-gpt-177b-2304xh100",
+        "megatron-gpt-462b-6144xh100",
+    }
+    assert issue <= ids  # the eight runs of issue 21, plus this repo's own measured 6A run
     for r in rows:
         c = r.case
         assert c.source and c.date and c.approximated, c.id
@@ -57,7 +67,7 @@ def test_held_out_cases_are_reported_and_do_not_regress(results) -> None:  # noq
     rows, summ = results
     held = [r for r in rows if r.case.held_out]
     assert len(held) >= 4 and summ["held_out"]["cases"] == len(held)
-    # Regression guard at the level reached when the table was built (2026-12-01): mean 22.9%, max 43.9%.
+    # Regression guard at the level reached when the table was built (2026-12-01): mean 21.3%, max 40.9%.
     errs = [abs(r.ratio - 1) for r in held]
     assert statistics.mean(errs) <= 0.25 and max(errs) <= 0.45
 
@@ -89,7 +99,7 @@ def test_cli_writes_the_run_dir_and_never_overwrites(tmp_path: Path) -> None:
     r = runner.invoke(app, ["plan", "validate", "--out", str(out), "--json"])
     assert r.exit_code == 0, r.output
     payload = json.loads(r.stdout)
-    assert payload["summary"]["calibration"]["cases"] == 8 and len(payload["rows"]) == len(load_cases())
+    assert payload["summary"]["calibration"]["cases"] >= 8 and len(payload["rows"]) == len(load_cases())
     assert (out / "results.json").is_file() and "| megatron-gpt-462b-6144xh100 |" in (out / "results.md").read_text()
     again = runner.invoke(app, ["plan", "validate", "--out", str(out)])
     assert again.exit_code == 2 and "not empty" in again.output

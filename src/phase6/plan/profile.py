@@ -26,11 +26,15 @@ NETWORK_HOP_US = 2.7
 # Fallbacks when a hardware config does not carry kernel-level rates (the shipped ones do, with their sources):
 # MAMF / peak is 0.80-0.87 for NVIDIA bf16 (stas00/ml-engineering compute/accelerator "Maximum Achievable Matmul FLOPS
 # comparison table"), 0.71-0.73 for Hopper FP8; FlashAttention-2 fwd+bwd reaches ~35-55% of peak (Dao 2023; Shah et
-# al. 2024 Fig. 5 for FA2 on H100); elementwise kernels stream at ~0.9 of HBM (H200 copy 4.3 of 4.8 TB/s, h200.yaml).
+# al. 2024 Fig. 5 for FA2 on H100).
 DEFAULT_MATMUL_EFFICIENCY = 0.8
 DEFAULT_FP8_MATMUL_EFFICIENCY = 0.7
 DEFAULT_ATTENTION_EFFICIENCY = 0.4
-HBM_EFFICIENCY = 0.9
+# Memory-bound training kernels (norms, activations, residuals, loss, optimizer) stream at ~0.77 of the datasheet HBM
+# bandwidth: measured on one H200 in a GPT-2 124M training step profile, where the fused GELU kernels ran at ~1.3x
+# their traffic bound at 4.8 TB/s (docs/benchmarks.md, 6A fourth round, "What each part of the combined step could
+# give"); a plain device copy reaches 0.9 (h200.yaml), fused training kernels less.
+HBM_EFFICIENCY = 0.77
 # NCCL bus bandwidth vs line rate when the hardware config gives none: ~20% protocol overhead on NVLink
 # (NVIDIA/nccl-tests#212, H100: 450 GB/s line -> 370 GB/s busbw), ~4% on InfiniBand (nccl#1576, nccl-tests#267).
 NVLINK_BUSBW_FRACTION = 0.8
