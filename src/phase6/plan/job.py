@@ -29,6 +29,7 @@ from phase6.plan.recommend import (
     rank_batch,
     recommend_serve,
     recommend_train,
+    serve_context,
     serve_table,
 )
 from phase6.plan.serve import ServeCostModel
@@ -86,7 +87,7 @@ def assumptions(cfg: PlanRunConfig, spec: ModelSpec, profile: HardwareProfile) -
             decode_hbm_efficiency=e.decode_hbm_efficiency,
             gpu_memory_utilization=e.gpu_memory_utilization,
             runtime_overhead_gib=e.runtime_overhead_gib,
-            context_len=cfg.plan.context_len,
+            context_len=serve_context(cfg.plan, spec),
             prompt_len=cfg.plan.prompt_len,
             rank_batch=rank_batch(cfg.plan),
             weight_bytes=cfg.plan.weight_bytes,
@@ -259,16 +260,17 @@ def explain(
             weight_bytes=cfg.plan.weight_bytes,
             kv_bytes=cfg.plan.kv_bytes,
         )
-        mem = m.memory(cfg.plan.context_len)
+        ctx = serve_context(cfg.plan, spec)
+        mem = m.memory(ctx)
         b = top.extra["batch"]
-        ctx = cfg.plan.context_len
         e = cfg.plan.efficiency
         f = m.fabric
         ar_t, algo = comm.all_reduce_time(b * h * 2.0, lay.tp, f) if lay.tp > 1 else (0.0, "-")
         lines += [
             f"weights/GPU = {_fmt_bytes(mem.weights_bytes)} (N*{cfg.plan.weight_bytes:g} B / tp {lay.tp} / pp {lay.pp})",
             f"usable = {e.gpu_memory_utilization} * {profile.hardware.hbm_gib} GiB = {_fmt_bytes(mem.usable_bytes)}; "
-            f"overhead {e.runtime_overhead_gib} GiB",
+            f"overhead {_fmt_bytes(mem.overhead_bytes)} = runtime {e.runtime_overhead_gib} GiB + activations of a "
+            f"{min(ctx, e.max_num_batched_tokens)}-token forward (min(context_len, max_num_batched_tokens))",
             f"KV/token/GPU = {mem.kv_bytes_per_token:,.0f} B -> capacity {mem.kv_capacity_tokens:,.0f} tokens = "
             f"{mem.max_concurrent_seqs} seqs x {ctx}",
             f"decode step at batch {b}, context {ctx}:",

@@ -262,7 +262,7 @@ def recommend_serve(model: ModelSpec, gpus: int, plan: PlanConfig, profile: Hard
             )
         else:
             reason = (
-                f"does not fit: {mem.weights_bytes / GIB:.1f} GiB weights + {plan.efficiency.runtime_overhead_gib}"
+                f"does not fit: {mem.weights_bytes / GIB:.1f} GiB weights + {mem.overhead_bytes / GIB:.1f}"
                 f" GiB overhead leave no room for one {ctx}-token sequence in "
                 f"{mem.usable_bytes / GIB:.1f} GiB usable"
             )

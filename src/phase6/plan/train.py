@@ -1,14 +1,17 @@
-"""Training step time for one parallel layout: compute at an MFU, pipeline bubble, and exposed communication.
+"""Training step time for one parallel layout: kernel-level compute, pipeline bubble, each exposed communication.
 
-    step = compute + bubble + TP + PP + EP (exposed) + max(0, DP - overlap window) + max(0, CP - attention compute)
+    step = compute (GEMM + attention + memory-bound kernels, slowest pipeline stage) + bubble
+           + TP + CP + EP + PP + DP (each exposed part only) + optimizer
 
-Rank order is Megatron's ``tp-cp-ep-dp-pp`` (TP innermost): a group stays on NVLink when its span (stride x size)
-fits in a node, otherwise it runs at the inter-node NIC rate. Overlap assumptions (also in docs/cost_model.md):
-- TP, EP and PP communication sit on the critical path (no async-TP, no all-to-all/compute overlap, p2p between
-  dependent micro-batches);
-- DP gradient sync (ZeRO 0-2) overlaps the backward of the last micro-batch (DDP buckets / FSDP prefetch), ZeRO-3's
-  parameter all-gathers and gradient reduce-scatters overlap the whole forward+backward;
-- CP's ring pass of K/V overlaps the attention compute of the same layer (ring attention).
+Compute runs at the GPU type's kernel-level rates (``HardwareProfile.matmul_flops`` / ``attention_flops`` /
+``stream_bytes_per_s``: sustained GEMM, flash attention, HBM), not at an end-to-end MFU, so the bubble and the
+communication are not counted twice (issue 21; formulas and sources in docs/cost_model.md §4).
+Rank order is Megatron's ``tp-cp-ep-dp-pp`` (TP innermost): a group stays on NVLink when it fits in a node; across
+nodes it gets one NIC per GPU it holds in each node (``HardwareProfile.group_fabric``). Overlap assumptions:
+- TP, EP and PP communication sit on the critical path (TP hides behind the block's GEMMs with ``tp_comm_overlap``);
+- DP: ZeRO-0 grads overlap the last micro-batch's backward, ZeRO-1/2 grads the last backward and params the first
+  forward, ZeRO-3 gathers and reduce-scatters the whole forward+backward (first gather / last reduce-scatter exposed);
+- CP: each ring pass of K/V overlaps 1/cp of the layer's attention (the block computed with the chunk already held).
 """
 
 from __future__ import annotations
@@ -212,7 +215,7 @@ def compute_breakdown(
         extra_mm, attn_fwd_again, elem_passes, note = 0.0, False, 3.0, ""
     gemm_rate = profile.matmul_flops_fp8 if setup.fp8 else profile.matmul_flops
     body_flops = (6.0 + extra_mm) * layers * layer_mm * tokens_gpu
-    head_flops = 6.0 * head_mm * tokens_gpu if layout.pp > 1 else 6.0 * head_mm * tokens_gpu
+    head_flops = 6.0 * head_mm * tokens_gpu
     last_gemm = (body_flops + head_flops) / (tp * gemm_rate)
     first_gemm = body_flops / (tp * gemm_rate) if layout.pp > 1 else last_gemm
     # 12·H·Q·T per token and layer counts the full score matrix; a causal flash kernel executes half of it.
