@@ -103,3 +103,12 @@ def test_cli_writes_the_run_dir_and_never_overwrites(tmp_path: Path) -> None:
     assert (out / "results.json").is_file() and "| megatron-gpt-462b-6144xh100 |" in (out / "results.md").read_text()
     again = runner.invoke(app, ["plan", "validate", "--out", str(out)])
     assert again.exit_code == 2 and "not empty" in again.output
+
+
+def test_cli_bad_cases_file_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "val"
+    r = runner.invoke(app, ["plan", "validate", "--cases", str(tmp_path / "nope.yaml"), "--out", str(out)])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "no such file" in lines[0]
+    assert not out.exists()

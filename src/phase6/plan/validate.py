@@ -101,6 +101,7 @@ class CaseResult:
     best: ParallelLayout | None
     best_time_s: float
     within_tie: bool
+    peak_flops: float
 
     @property
     def predicted_tps(self) -> float:
@@ -120,7 +121,7 @@ class CaseResult:
             "published_tok_s_gpu": round(self.published_tps, 1),
             "predicted_tok_s_gpu": round(self.predicted_tps, 1),
             "ratio": round(self.ratio, 3),
-            "predicted_mfu_pct": round(100 * p.mfu(p_peak(p)), 1),
+            "predicted_mfu_pct": round(100 * p.mfu(self.peak_flops), 1),
             "fits": p.fits,
             "memory_gib": round(p.memory.total / 2**30, 1),
             "rank": self.rank,
@@ -130,13 +131,6 @@ class CaseResult:
             "within_tie": self.within_tie,
             "dominant": p.dominant(),
         }
-
-
-_PEAK: dict[int, float] = {}
-
-
-def p_peak(p: StepPrediction) -> float:
-    return _PEAK[id(p)]
 
 
 def _fmt(lay: ParallelLayout) -> str:
@@ -151,14 +145,13 @@ def run_case(case: Case) -> CaseResult:
     lay = ParallelLayout(**{k: int(v) for k, v in case.layout.items()})
     if lay.gpus != case.gpus:
         raise ValueError(f"{case.id}: layout {lay} is {lay.gpus} GPUs, not {case.gpus}")
-    overhead = 1.5
+    overhead = 1.5  # GiB, the planner's default runtime_overhead_gib
     pub = case.published
     if "tokens_per_s_per_gpu" in pub:
         published_tps = float(pub["tokens_per_s_per_gpu"])
     else:  # Megatron reports model TFLOP/s per GPU with the same 6N + 12LHQT count (no recompute)
         published_tps = float(pub["tflops_per_gpu"]) * 1e12 / spec.flops_per_token(setup.seq_len)
     pred = predict_train_step(spec, lay, setup, profile, overhead_gib=overhead)
-    _PEAK[id(pred)] = profile.peak_flops
     preds: list[StepPrediction] = []
     for cand in layouts(spec, case.gpus, "train", {}, setup.seq_len, profile.gpus_per_node):
         q = pred if cand == lay else predict_train_step(spec, cand, setup, profile, overhead_gib=overhead)
@@ -178,6 +171,7 @@ def run_case(case: Case) -> CaseResult:
         best=ordered[0].layout,
         best_time_s=ordered[0].step_time_s,
         within_tie=pred.step_time_s <= fastest * (1 + TIE_TOLERANCE),
+        peak_flops=profile.peak_flops,
     )
 
 
