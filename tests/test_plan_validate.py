@@ -1,6 +1,6 @@
 """`phase6 plan validate`: the planner against published training runs, with the error bounds of issue 21.
 
-The bounds hold on the calibration cases of configs/plan/published_runs.yaml; held-out cases (found while building
+The bounds hold on the calibration cases of src/phase6/plan/published_runs.yaml; held-out cases (found while building
 the table, no constant chosen from them) are reported separately and only guarded against regressions here."""
 
 from __future__ import annotations

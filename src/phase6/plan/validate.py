@@ -1,4 +1,4 @@
-"""`phase6 plan validate`: the planner against published training runs (configs/plan/published_runs.yaml).
+"""`phase6 plan validate`: the planner against published training runs (published_runs.yaml next to this file).
 
     phase6 plan validate                      # print the table, write <run dir>/results.{json,md}
     phase6 plan validate --out DIR --json     # choose the run dir; print one JSON object
@@ -31,7 +31,7 @@ from phase6.plan.recommend import TIE_TOLERANCE, layouts, order_layouts
 from phase6.plan.train import StepPrediction, predict_train_step
 
 ROOT = Path(__file__).resolve().parents[3]
-CASES_PATH = ROOT / "configs" / "plan" / "published_runs.yaml"
+CASES_PATH = Path(__file__).with_name("published_runs.yaml")
 HARDWARE_DIR = ROOT / "configs" / "hardware"
 SETUP_FIELDS = {f.name for f in fields(TrainSetup)}
 
