@@ -134,6 +134,9 @@ def test_kernel_level_compute_counts_each_part_once() -> None:
     # FP8 GEMMs at the hardware's FP8 rate (h100_sxm.yaml has none in this test profile: bf16 rate x peak ratio)
     fp8 = predict_train_step(m, ParallelLayout(dp=8), TrainSetup(4096, 8 * 4096, zero=1, fp8=True), PROFILE)
     assert fp8.breakdown.gemm_s == pytest.approx(b.gemm_s * PROFILE.matmul_flops / PROFILE.matmul_flops_fp8)
+    q, k, h, f = m.q_dim, m.kv_dim, m.hidden_size, m.intermediate_size
+    casts = 32 * 5 * ((2 * h + q + f) + (q + 2 * k + 2 * h + 2 * f)) * tokens  # activations; + weights per micro-batch
+    assert fp8.breakdown.elementwise_s - b.elementwise_s > casts / PROFILE.stream_bytes_per_s
 
 
 def test_pipeline_stage_imbalance_the_last_stage_carries_the_head() -> None:

@@ -224,6 +224,17 @@ def compute_breakdown(
     bw = profile.stream_bytes_per_s
     per_layer_bytes = elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
     elem = elem_passes * layers * per_layer_bytes * tokens_gpu / (tp * bw)
+    if setup.fp8:
+        # Dynamic-scaling FP8 (torchao Float8Linear, TE): every GEMM operand is cast on the fly - read bf16 for the
+        # amax (2 B), read again and write FP8 (2 + 1 B) = 5 B per element. Per token and block: the inputs of the
+        # four linear groups forward (QKV h, out q, gate/up h, down f) and their output gradients backward (q + 2k,
+        # h, 2f, h); weights once forward and once (transposed) backward per micro-batch, on the gathered copy.
+        q, k, h = model.q_dim, model.kv_dim, model.hidden_size
+        f = model.expert_size * model.experts_per_token if model.is_moe else model.intermediate_size
+        act = 5.0 * ((2 * h + q + f) + (q + 2 * k + 2 * h + 2 * f))
+        m_steps = max(1, round(tokens_gpu / (setup.micro_batch * setup.seq_len / layout.cp)))
+        weights = 10.0 * layers * layer_mm * m_steps
+        elem += (layers * act * tokens_gpu + weights) / (tp * bw)
     # Loss: bf16 logits written, softmax + its gradient in fp32 (~16 B per vocab entry per token), vocab-parallel.
     loss = 16.0 * model.vocab_size * tokens_gpu / (tp * bw)
     first = first_gemm + attention + elem
