@@ -345,7 +345,8 @@ class PredictConfig:
     """Predict-first settings: the numbers written before step 1 (phase6.plan.pretrain.predict_pretrain)."""
 
     mfu: float | None = None
-    """Assumed MFU (0-1) for the tokens/s prediction; None = the planner's prior for the model size."""
+    """Compute-only efficiency (0-1) vs the bf16 peak for the tokens/s prediction (communication is still added);
+    None = the planner's kernel-level model (hardware GEMM/attention/HBM rates, docs/cost_model.md §4)."""
     loss_ref_params: float | None = None
     """Reference run N for the loss offset delta = L_ref - L_fit(N_ref, D_ref); None = llm.c 124M on FineWeb."""
     loss_ref_tokens: float | None = None

@@ -7,7 +7,8 @@
 
 Formulas (docs/cost_model.md):
 - FLOPs/token = 6N + 12·L·H·Q·T (PaLM appendix B; nanoGPT ``estimate_mfu``, torchtitan), N = matmul parameters.
-- tokens/s = MFU x peak x GPUs / FLOPs-per-token, minus exposed communication (phase6.plan.train).
+- tokens/s = tokens per step / (kernel-level compute + exposed communication + optimizer) (phase6.plan.train; an
+  explicit mfu= makes the forward+backward run at that fraction of the bf16 peak instead).
 - memory = 16 B/param mixed-precision Adam (DDP: replicated; FSDP2 = ZeRO-3: / GPUs) + activations
   (Korthikanti et al. 2022, flash attention) + logits b·s·V·(2+4) B.
 - loss L(N, D) = E + A/N^alpha + B/D^beta (Chinchilla approach 3) for the Hoffmann 2022 and Besiroglu 2024 fits,
@@ -26,14 +27,6 @@ from phase6.plan.memory import GIB, ParallelLayout, TrainSetup
 from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile, build_profile
 from phase6.plan.train import StepPrediction, predict_train_step
-
-# MFU priors (dense bf16 peak, PaLM FLOPs formula) by model size, from measured runs on H100-class GPUs
-# (shared/reference/anchors-6a-pretrain.md §1a, §5). Override with mfu= or calibrate on your own run.
-MFU_PRIORS: tuple[tuple[float, float, str], ...] = (
-    (2.0e8, 0.45, "GPT-2 124M: llm.c 8xH100 40% (PaLM form, incl. DP sync), nanoGPT bench 1xH200 B=32 ~44%"),
-    (2.0e9, 0.45, "GPT-2 350M-1.5B: llm.c 350M 58% on A100, 1558M 46.5% on 8xH100; anchors predict 45%"),
-    (float("inf"), 0.36, "7B+: torchtitan Llama-3.1-8B FSDP on 8xH100 33-39% without Float8"),
-)
 
 
 @dataclass(frozen=True)
@@ -105,13 +98,6 @@ def predict_loss(n_params: float, tokens: float, reference: LossReference = LLMC
     raw = {f.name: f(n_params, tokens) for f in LOSS_FITS}
     delta = {f.name: reference.loss - f(reference.n_params, reference.tokens) for f in LOSS_FITS}
     return LossPrediction(n_params, tokens, reference, raw, delta, {k: raw[k] + delta[k] for k in raw})
-
-
-def mfu_prior(num_params: float) -> tuple[float, str]:
-    for limit, mfu, source in MFU_PRIORS:
-        if num_params <= limit:
-            return mfu, source
-    raise AssertionError("MFU_PRIORS ends with inf")
 
 
 def spec_from(model: ModelSpec | Any) -> ModelSpec:
@@ -197,8 +183,12 @@ class PretrainPrediction:
     def formulas(self) -> dict[str, str]:
         f = {
             "flops_per_token": f"{metrics.FLOPS_FORMULA} with N={self.matmul_params:,} matmul params, T={self.seq_len}",
-            "tokens_per_s": f"MFU {self.mfu_assumed:.2f} x {self.hardware} peak x {self.num_gpus} GPUs / FLOPs-per-token "
-            f"+ exposed comm ({self.mfu_source}; hardware: {self.hardware_source})",
+            "tokens_per_s": (
+                f"MFU {self.mfu_assumed:.2f} x {self.hardware} peak x {self.num_gpus} GPUs / FLOPs-per-token"
+                if self.mfu_assumed
+                else "tokens/step / (GEMM + attention + memory-bound kernels + optimizer)"
+            )
+            + f" + exposed comm ({self.mfu_source}; hardware: {self.hardware_source})",
             "memory": "16 B/param mixed-precision Adam (DDP replicated, FSDP2 / GPUs) + Korthikanti activations "
             "(flash) + logits b*s*V*6 B",
         }
@@ -253,10 +243,8 @@ def predict_pretrain(
             raise ValueError(f"predict_pretrain: {k} must be >= 1, got {v}")
     spec = spec_from(model)
     profile = hardware if isinstance(hardware, HardwareProfile) else build_profile(hardware)
-    if mfu is None:
-        mfu, mfu_source = mfu_prior(spec.num_params())
-    else:
-        mfu_source = "given"
+    # mfu=None: kernel-level compute (GEMM/attention/memory-bound rates of the hardware) + exposed comm, no prior.
+    mfu_source = "given" if mfu is not None else f"kernel-level model: {profile.kernel_source()}"
     layout = ParallelLayout(dp=num_gpus)
     tokens = seq_len * micro_batch * grad_accum * num_gpus
     setups = {
@@ -282,7 +270,7 @@ def predict_pretrain(
         grad_accum=grad_accum,
         num_gpus=num_gpus,
         parallel=parallel,
-        mfu_assumed=mfu,
+        mfu_assumed=mfu or 0.0,
         mfu_source=mfu_source,
         hardware=profile.hardware.name,
         hardware_source=profile.source,
