@@ -50,16 +50,27 @@ def _adamw(groups: list[dict], cfg: OptimConfig, on_cuda: bool) -> torch.optim.A
 class MuonAdamW(torch.optim.Optimizer):
     """torch.optim.Muon over the hidden matrices and torch.optim.AdamW over the rest, used as one optimizer.
 
-    `param_groups` is the two optimizers' own group dicts (Muon's first), so one LR scheduler sets both from each
-    group's own peak LR; `optimizers` is what torch.distributed.checkpoint's get/set_optimizer_state_dict take, so a
-    checkpoint holds both states (Muon's momentum buffers, AdamW's moments) keyed by parameter name.
+    `param_groups` is always the two optimizers' live group dicts (Muon's first; read on every access, because an
+    optimizer's load_state_dict replaces its group dicts), so one LR scheduler sets both from each group's own peak
+    LR, also after a resume; `optimizers` is what torch.distributed.checkpoint's get/set_optimizer_state_dict take,
+    so a checkpoint holds both states (Muon's momentum buffers, AdamW's moments) keyed by parameter name.
     """
 
     def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer) -> None:
+        super().__init__([p for opt in (muon, adamw) for g in opt.param_groups for p in g["params"]], {})
         self.muon, self.adamw = muon, adamw
         self.optimizers = [muon, adamw]
-        super().__init__([p for opt in self.optimizers for g in opt.param_groups for p in g["params"]], {})
-        self.param_groups = muon.param_groups + adamw.param_groups  # the same dicts: lr set here is lr used there
+
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        inner = self.__dict__.get("optimizers")
+        if inner is None:  # inside Optimizer.__init__: a scratch list of its own, unused afterwards
+            return self.__dict__.setdefault("_init_groups", [])
+        return [g for opt in inner for g in opt.param_groups]
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.__dict__["_init_groups"] = groups  # Optimizer.__init__'s assignment; the real groups are the inner ones
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]

@@ -423,6 +423,12 @@ class PretrainRunConfig:
         require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
         check_schedule(self.optim, self.train.max_steps)
         check_perf_combination(self.model, self.parallel)
+        require(
+            not (self.optim.algorithm == "muon" and self.parallel.mode == "fsdp2"),
+            "optim.algorithm",
+            "muon needs whole matrices for Newton-Schulz and FSDP2 shards them (torch.optim.Muon is single-device); "
+            "use parallel=ddp (GPT-2 <= 350M fits one GPU)",
+        )
         if self.train.dtype == "fp32" or (self.train.dtype == "auto" and self.device == "cpu"):
             check_precision(self.model, bf16=False)  # known before any device is touched
         if self.train.seq_len is None:
