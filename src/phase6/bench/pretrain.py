@@ -141,8 +141,9 @@ RESULT_TAG = "PHASE6_BENCH_JSON "
 ROWS = ("baseline", "hf", "levers", "combined", "accum", "multi", "muon")
 DEFAULT_ROWS = ROWS[:-1]
 # optim=muon: + 1.52 TFLOP of Newton-Schulz per optimizer step (GPT-2 124M, 5 iterations; phase6.plan.pretrain) at
-# NS_EFFICIENCY = 25 % of 989 TFLOP/s = 6.2 ms per step, on ~118 ms (B=64) or ~945 ms (B=64 x 8) of AdamW step
-MUON_PREDICTED = {1: "-5% vs AdamW at B x 1 (+6.2 ms NS)", 8: "-0.7% vs AdamW at x8 (+6.2 ms NS)"}
+# NS_EFFICIENCY = 15 % of 989 TFLOP/s = 10.3 ms per step, on ~115 ms (B=64) or ~930 ms (B=64 x 8) of AdamW step.
+# Measured 2026-12-01 (one H200): -9.0 % at x1, -3.2 % at x8 (the blind prediction had been -5 % / -0.7 %).
+MUON_PREDICTED = {1: "-8% vs AdamW at B x 1 (+10 ms NS)", 8: "-1% vs AdamW at x8 (+10 ms NS)"}
 
 
 @dataclass(frozen=True)

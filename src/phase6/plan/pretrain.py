@@ -38,9 +38,11 @@ MFU_PRIORS: tuple[tuple[float, float, str], ...] = (
 )
 
 
-# Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at 124M) and come with ~10 elementwise kernels per matrix:
-# assumed to run at 25 % of the dense bf16 peak (a prior; `phase6 bench pretrain --rows muon` measures the real cost).
-NS_EFFICIENCY = 0.25
+# Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at 124M) and come with ~10 elementwise kernels per matrix.
+# Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon vs
+# AdamW"): +9.2 ms (B=32) and +11.2 ms (B=64) per optimizer step for 1.52 TFLOP = ~150 TFLOP/s. The prior written
+# before that measurement was 0.25 (6.2 ms).
+NS_EFFICIENCY = 0.15
 # Tokens Muon needs for AdamW's loss on a GPT-2-like 124M model: modded-nanogpt record #3 (Muon, 6,200 steps x
 # 524,288 = 3.25B tokens) vs record #2 (tuned AdamW, 4.97B) to 3.28 FineWeb val, same architecture otherwise.
 MUON_TOKEN_RATIO = 3.25 / 4.97
