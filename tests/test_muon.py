@@ -11,6 +11,7 @@ planner's Newton-Schulz FLOPs.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -174,6 +175,8 @@ def test_checkpoint_round_trip_keeps_muon_state(tmp_path: Path) -> None:
     for s in range(3):
         take_step(model, opt, sched, s)
     path = save_checkpoint(tmp_path, 3, model, opt, sched, {"position": 7})
+    plain = copy.deepcopy(opt.state_dict())  # torch's own (id-keyed) state dicts of both, for code that saves those
+    assert set(plain) == {"muon", "adamw"} and len(plain["muon"]["state"]) == 8
     saved = read_checkpoint(path)["optimizer"]["state"]
     assert "momentum_buffer" in saved["transformer.h.0.attn.c_attn.weight"]  # Muon's state, keyed by name
     assert {"exp_avg", "exp_avg_sq"} <= set(saved["transformer.wte.weight"])  # AdamW's
@@ -186,6 +189,14 @@ def test_checkpoint_round_trip_keeps_muon_state(tmp_path: Path) -> None:
     buf = opt2.muon.state[model2.transformer.h[0].attn.c_attn.weight]["momentum_buffer"]
     assert torch.equal(buf, saved["transformer.h.0.attn.c_attn.weight"]["momentum_buffer"])
     assert [take_step(model2, opt2, sched2, s) for s in range(3, 6)] == after  # bit-identical
+
+    model3 = tiny_model(seed=99)
+    model3.load_state_dict(read_checkpoint(path)["model"])
+    opt3 = build_optimizer(model3, cfg)
+    sched3 = build_scheduler(opt3, cfg, max_steps=10)
+    opt3.load_state_dict(plain)
+    sched3.load_state_dict(read_checkpoint(path)["scheduler"])
+    assert [take_step(model3, opt3, sched3, s) for s in range(3, 6)] == after
 
 
 @pytest.mark.parametrize(
