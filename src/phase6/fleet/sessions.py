@@ -1,0 +1,85 @@
+"""Session keys for session-affinity routing, and the check that a router does not pile load on one replica.
+
+A Mooncake trace has no session column: a request continues a conversation when its leading ``hash_ids`` (chained
+512-token prefix-block ids) equal an earlier request's. Keying sessions on the *first* block fails on real traffic:
+every request of a service starts with the same system-prompt block(s), so one key (one replica) gets the whole
+trace. The key here is the first block *after the shared prefix*:
+
+- a block is a *branch point* when it has >= ``SHARED_CHILDREN`` distinct next blocks in the trace. Within one
+  conversation a block gets a second next block only when a turn ends inside the following block (its partial last
+  block differs from the next turn's full one), so a conversation branches at most a few ways at any block; a system
+  prompt continues into every conversation that uses it;
+- the shared prefix of a request ends at its last branch point (every earlier block is an ancestor of it: ids are
+  chained), and its session key is the next block; a request that has no block after its shared prefix is its own
+  session.
+
+When the trace names its sessions (a ``session_id`` field in a Mooncake row, the synthetic generator's sessions), that
+key is used instead. The rule is a property of the trace, computed once at load time in O(total blocks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+SHARED_CHILDREN = 8
+"""Distinct next blocks that make a block a branch point of shared content (a system prompt or template)."""
+
+CONCENTRATION_WARN = 2.0
+"""A router that sends more than this many times a fair share (1 / replicas) of the requests to one replica is
+named in a warning (a session key or a prefix that carries a large share of the traffic cannot be balanced)."""
+
+
+def session_keys(hash_ids: Sequence[tuple[int, ...]], shared_children: int = SHARED_CHILDREN) -> np.ndarray:
+    """Per request, the id of its first block after the shared prefix (see the module docstring); a request with no
+    such block gets its own key ``-1 - index`` (block ids are >= 0 in the published traces)."""
+    children: dict[int, set[int] | int] = {}
+    for h in hash_ids:
+        for a, b in zip(h, h[1:], strict=False):
+            c = children.get(a)
+            if c is None:
+                children[a] = b  # one child stored bare: most blocks never branch
+            elif isinstance(c, int):
+                if c != b:
+                    children[a] = {c, b}
+            else:
+                c.add(b)
+    branch = {a for a, c in children.items() if not isinstance(c, int) and len(c) >= shared_children}
+    keys = np.empty(len(hash_ids), dtype=np.int64)
+    for i, h in enumerate(hash_ids):
+        last = -1
+        for j, b in enumerate(h):
+            if b in branch:
+                last = j
+        keys[i] = h[last + 1] if last + 1 < len(h) else -1 - i
+    return keys
+
+
+def replica_share(replica: np.ndarray) -> tuple[int, float]:
+    """(replica id, share of requests) of the replica that the router sent the most requests to."""
+    if len(replica) == 0:
+        return -1, 0.0
+    counts = np.bincount(replica[replica >= 0])
+    top = int(counts.argmax())
+    return top, float(counts[top] / len(replica))
+
+
+def concentration_warning(router: str, policy: str, replica: np.ndarray, replicas: int) -> str | None:
+    """A one-line warning when one replica got more than ``CONCENTRATION_WARN`` / replicas of the requests."""
+    if replicas < 2:
+        return None
+    top, share = replica_share(replica)
+    fair = 1.0 / replicas
+    if share <= CONCENTRATION_WARN * fair:
+        return None
+    hint = (
+        " (session keys carry too much traffic: a trace whose requests share their first blocks needs keys after the "
+        "shared prefix, phase6.fleet.sessions)"
+        if router == "session_affinity"
+        else ""
+    )
+    return (
+        f"warning: {policy} / {router} sent {share:.0%} of the requests to replica {top}, more than "
+        f"{CONCENTRATION_WARN:g} x the fair share 1/{replicas} = {fair:.1%}{hint}"
+    )
