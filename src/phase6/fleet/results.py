@@ -49,6 +49,9 @@ class SimResult:
     @property
     def token_gaps(self) -> tuple[np.ndarray, np.ndarray]:
         """(tail, max) token gap per request in seconds: mean of the slowest 10 % (Mooncake's TBT), and the longest."""
+        if self._gaps is None and (self.decode_replica is None or self.join_s is None):
+            nan = np.full(len(self.arrival_s), np.nan)  # a result built without step logs: no per-token data
+            self._gaps = (nan, nan)
         if self._gaps is None:
             assert self.decode_replica is not None and self.join_s is not None
             self._gaps = gap_stats(

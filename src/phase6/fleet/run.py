@@ -26,9 +26,19 @@ from phase6.cost import run_cost
 from phase6.figures import save_figure
 from phase6.fleet.analysis import RateSearch, max_rate_within_slo, meets, min_replicas, pd_reason, summarize
 from phase6.fleet.engines import TorchTPStepTime
+from phase6.fleet.kvcache import HostTier
+from phase6.fleet.sessions import concentration_warning
 from phase6.fleet.sim import EngineLimits, SimResult, Topology, simulate
-from phase6.fleet.steptime import StepTimeModel, build_step_model, kv_capacity_blocks, kv_transfer_s
-from phase6.fleet.workload import RequestClass, Workload, fixed_lengths, load_azure, load_mooncake, synthetic
+from phase6.fleet.steptime import StepTimeModel, build_step_model, kv_capacity_blocks, kv_transfer_s, planner_model
+from phase6.fleet.workload import (
+    BLOCK_TOKENS,
+    RequestClass,
+    Workload,
+    fixed_lengths,
+    load_azure,
+    load_mooncake,
+    synthetic,
+)
 from phase6.metrics import (
     SERVE_GOODPUT_REQ_S,
     SERVE_THROUGHPUT_TOK_S,
@@ -78,23 +88,70 @@ class FleetSetup:
     """torch-tp: extra ms of a prefill step at a (prompts, width) shape new to the server (engines.TorchTPStepTime)."""
     warm_shapes: frozenset[tuple[int, int]] = frozenset()
     """torch-tp: prefill shapes the server ran before the simulated run."""
+    seed: int = 0
 
     def transfer_fn(self) -> Callable[[int], float]:
         spec, hw, eng, link = self.spec, self.hardware, self.engine, self.kv_link
-        return lambda tokens: kv_transfer_s(spec, hw, eng, link, tokens)
+        tp = min(eng.prefill_tp or eng.tp, eng.decode_tp or eng.tp)  # the narrower side's links carry it
+        return lambda tokens: kv_transfer_s(spec, hw, eng, link, tokens, tp)
 
     def run(self, workload: Workload, topology: Topology, router: str, closed: int | None = None) -> SimResult:
+        pools = pd_pools(self) if topology.is_pd else None
+        model, limits, tp = pools[0] if pools else (self.model, self.limits, self.engine.tp)
         return simulate(
             workload,
-            self.model,
-            self.limits,
+            model,
+            limits,
             topology,
             router,
-            tp=self.engine.tp,
+            tp=tp,
             kv_transfer_s=self.transfer_fn(),
             engine=self.sim_engine,
             closed_concurrency=closed,
+            decode_pool=pools[1] if pools else None,
+            host_tier=host_tiers(self, topology.replicas, tp),
+            seed=self.seed,
         )
+
+
+def pd_pools(setup: FleetSetup) -> tuple[tuple[Any, EngineLimits, int], tuple[Any, EngineLimits, int]] | None:
+    """(prefill, decode) pools' (step model, limits, tp) when engine.prefill_tp / decode_tp set them apart."""
+    eng = setup.engine
+    if eng.prefill_tp is None and eng.decode_tp is None:
+        return None
+    out = []
+    for tp in (eng.prefill_tp or eng.tp, eng.decode_tp or eng.tp):
+        if tp == eng.tp:
+            out.append((setup.model, setup.limits, tp))
+            continue
+        lim = EngineLimits(
+            eng.max_num_seqs,
+            eng.max_batched_tokens,
+            kv_capacity_blocks(setup.spec, setup.hardware, eng, tp),
+            eng.chunked_prefill,
+        )
+        out.append((planner_model(setup.spec, setup.hardware, eng, tp), lim, tp))
+    return out[0], out[1]
+
+
+def host_tiers(setup: FleetSetup, replicas: int, tp: int) -> Callable[[int], HostTier | None] | None:
+    """Replica id -> its host-memory KV tier: one per replica (local, PCIe) or one shared pool (global, RDMA)."""
+    eng, hw = setup.engine, setup.hardware
+    if eng.host_kv_gib <= 0:
+        return None
+    block_bytes = setup.spec.kv_cache_bytes_per_token(eng.kv_bytes_per_elem) * BLOCK_TOKENS
+    per_replica = max(1, int(eng.host_kv_gib * 2**30 // block_bytes))
+    if eng.host_tier == "global":
+        pool = HostTier(per_replica * replicas, block_bytes, hw.internode_gbps, tp, hw.internode_latency_us * 1e-6)
+        return lambda _rid: pool
+    tiers: dict[int, HostTier] = {}
+
+    def local(rid: int) -> HostTier:
+        if rid not in tiers:
+            tiers[rid] = HostTier(per_replica, block_bytes, eng.host_link_gbps, tp, hw.intranode_latency_us * 1e-6)
+        return tiers[rid]
+
+    return local
 
 
 def model_spec(model: str) -> ModelSpec:
@@ -107,7 +164,9 @@ def model_spec(model: str) -> ModelSpec:
 def build_setup(cfg: FleetRunConfig) -> FleetSetup:
     spec = model_spec(cfg.model)
     eng = cfg.engine
-    limits = EngineLimits(eng.max_num_seqs, eng.max_batched_tokens, kv_capacity_blocks(spec, cfg.hardware, eng))
+    limits = EngineLimits(
+        eng.max_num_seqs, eng.max_batched_tokens, kv_capacity_blocks(spec, cfg.hardware, eng), eng.chunked_prefill
+    )
     return FleetSetup(
         spec,
         build_step_model(spec, cfg.hardware, eng),
@@ -116,6 +175,7 @@ def build_setup(cfg: FleetRunConfig) -> FleetSetup:
         eng,
         cfg.fleet.kv_link,
         cfg.fleet.sim_engine,
+        seed=cfg.run.seed,
     )
 
 
@@ -343,6 +403,7 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
     loads: list[float] = [float(c) for c in cfg.load.concurrency] if closed else list(cfg.load.rates)
     x = "concurrency" if closed else "rate"
     rows: list[dict[str, Any]] = []
+    warnings: list[str] = []
     for policy in cfg.fleet.policies:
         topo = topology_for(policy, cfg.fleet.replicas)
         for router in cfg.fleet.routers:
@@ -351,6 +412,10 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
                 res = setup.run(wl, topo, router, closed=int(load) if closed else None)
                 row = {"policy": topo.name, "router": router, x: load, **summarize(res, cfg.slo, cfg.hardware)}
                 rows.append(row)
+                warn = concentration_warning(router, topo.name, res.replica, topo.prefill or topo.colocated)
+                if warn:
+                    warnings.append(f"{x} {load:g}: {warn}")
+                    rec.print(warnings[-1])
                 rec.log(
                     {
                         FLEET_RATE: row["offered_rate"],
@@ -482,6 +547,7 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
         )
     notes = {
         **({"Simulated vs measured": compare_notes} if compare_notes else {}),
+        **({"Warnings": "; ".join(dict.fromkeys(w.split(": ", 1)[1] for w in warnings))} if warnings else {}),
         "Definitions": (
             f"TTFT = first token - arrival; TPOT = (E2E - TTFT)/(output - 1); good = TTFT <= {cfg.slo.ttft_ms:g} ms "
             f"and TPOT <= {cfg.slo.tpot_ms:g} ms; goodput = good requests / (first arrival -> last completion); "
