@@ -360,6 +360,11 @@ class AnalysisConfig:
     """Least requests per simulated rate point of the grid (more at high rates: >= 10 request lifetimes of arrivals)."""
     rate_search_steps: int = 8
     """Bisection steps of a max-rate search."""
+    papers: bool = False
+    """Build the table of published claims (Mooncake, DistServe, Splitwise) vs simulated (phase6.fleet.papers);
+    needs the traces of ../shared/data (or $PHASE6_SHARED_DATA)."""
+    papers_requests: int = 1000
+    """Requests per simulated trace in the papers table (the Splitwise run takes 4x this)."""
     compare_with: str | None = None
     """A `phase6 serve-bench` run dir (or its results.json) or -m sweep dir: replay each closed-loop run's requests
     in the simulator and report the errors (phase6.fleet.compare)."""
@@ -411,6 +416,7 @@ class AnalysisConfig:
         require(
             self.rate_search_steps >= 2, "analysis.rate_search_steps", f"must be >= 2, got {self.rate_search_steps}"
         )
+        require(self.papers_requests >= 50, "analysis.papers_requests", f"must be >= 50, got {self.papers_requests}")
 
 
 @dataclass

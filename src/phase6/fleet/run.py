@@ -13,14 +13,16 @@ Writes the run record (config.yaml, env.json, metrics.jsonl, results.json/.md, p
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from phase6.config import HardwareConfig
+from phase6.config import CONFIG_DIR, HardwareConfig
 from phase6.config.fleet import EngineConfig, FleetRunConfig, FleetWorkloadConfig, SloConfig, parse_policy
 from phase6.cost import run_cost
 from phase6.figures import save_figure
@@ -210,6 +212,20 @@ def load_workload(wc: FleetWorkloadConfig, seed: int) -> tuple[Workload, int]:
     return w, dropped
 
 
+def papers_data() -> Path:
+    """The shared traces the papers table needs ($PHASE6_SHARED_DATA, else ../shared/data); ValueError if absent."""
+    env = os.environ.get("PHASE6_SHARED_DATA")
+    root = Path(env) if env else CONFIG_DIR.parent.parent / "shared" / "data"
+    need = [
+        root / "mooncake-traces" / "synthetic_trace.jsonl",
+        root / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv",
+    ]
+    missing = [str(p) for p in need if not p.is_file()]
+    if missing:
+        raise ValueError(f"analysis.papers: trace(s) not found: {', '.join(missing)} (set PHASE6_SHARED_DATA)")
+    return root
+
+
 def topology_for(policy: str, replicas: int) -> Topology:
     kind, p, d = parse_policy(policy)
     return Topology(colocated=replicas) if kind == "colocated" else Topology(prefill=p, decode=d)
@@ -390,6 +406,7 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
             from phase6.fleet.compare import check_serve_bench
 
             check_serve_bench(cfg.analysis.compare_with, cfg)
+        shared = papers_data() if cfg.analysis.papers else None
     except ValueError as e:
         print(f"phase6: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -491,6 +508,12 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
     if a.pd_table:
         grid = pd_grid(setup, cfg, rec.print)
         tables["When PD disaggregation pays (max rate within SLO, same GPUs)"] = grid
+
+    if a.papers:
+        from phase6.fleet.papers import run_papers
+
+        assert shared is not None
+        tables["Published claims vs simulated (phase6.fleet.papers)"] = run_papers(shared, a.papers_requests, rec.print)
 
     if a.compare_with:
         from phase6.fleet.compare import compare_serve_bench
