@@ -9,9 +9,9 @@ trace. The key here is the first block *after the shared prefix*:
   conversation a block gets a second next block only when a turn ends inside the following block (its partial last
   block differs from the next turn's full one), so a conversation branches at most a few ways at any block; a system
   prompt continues into every conversation that uses it;
-- the shared prefix of a request ends at its last branch point (every earlier block is an ancestor of it: ids are
-  chained), and its session key is the next block; a request that has no block after its shared prefix is its own
-  session.
+- a block is *shared* when it is a branch point or comes before one in some request (ids are chained, so those
+  are its ancestors: the system prompt's earlier blocks); a request's session key is its first block that is not
+  shared; a request that has none (it ends inside a shared prefix) is its own session.
 
 When the trace names its sessions (a ``session_id`` field in a Mooncake row, the synthetic generator's sessions), that
 key is used instead. The rule is a property of the trace, computed once at load time in O(total blocks).
@@ -46,13 +46,13 @@ def session_keys(hash_ids: Sequence[tuple[int, ...]], shared_children: int = SHA
             else:
                 c.add(b)
     branch = {a for a, c in children.items() if not isinstance(c, int) and len(c) >= shared_children}
+    shared: set[int] = set()  # branch points and every block before one (ids are chained: ancestors)
+    for h in hash_ids:
+        last = max((j for j, b in enumerate(h) if b in branch), default=-1)
+        shared.update(h[: last + 1])
     keys = np.empty(len(hash_ids), dtype=np.int64)
     for i, h in enumerate(hash_ids):
-        last = -1
-        for j, b in enumerate(h):
-            if b in branch:
-                last = j
-        keys[i] = h[last + 1] if last + 1 < len(h) else -1 - i
+        keys[i] = next((b for b in h if b not in shared), -1 - i)
     return keys
 
 
