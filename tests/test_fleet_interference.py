@@ -37,7 +37,7 @@ def shared_prefix_trace(path: Path, sessions: int = 40, turns: int = 5, with_ids
     nxt = 2
     convs: list[list[int]] = [[] for _ in range(sessions)]
     t = 0
-    for turn in range(turns):
+    for _turn in range(turns):
         for s in range(sessions):
             convs[s].append(nxt)
             nxt += 1
