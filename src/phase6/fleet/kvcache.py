@@ -22,8 +22,9 @@ from itertools import islice, takewhile
 
 
 class HostTier:
-    """A second KV tier in host memory (Mooncake's DRAM pool): prefix blocks evicted from HBM land here (LRU) and a
-    later request whose prefix continues into them loads them instead of recomputing them.
+    """A second KV tier in host memory (Mooncake's DRAM pool): every prefix block a replica computes is written
+    through to it when its prefill ends (LRU, capacity in blocks), so a later request whose prefix continues past
+    what its replica's HBM still caches loads those blocks instead of recomputing them.
 
     ``local``: one tier per replica, loaded over that node's PCIe; ``global``: one tier shared by the fleet (every
     node's DRAM pooled, Mooncake Store), loaded over RDMA. ``load_s(n)`` = latency + n blocks x bytes per block /
@@ -111,12 +112,9 @@ class PrefixCache:
             ref[b] = c + 1
         n = private - self.free
         if n > 0:
-            host = self.host
             for b in list(islice(lru, n)):
                 del lru[b]
                 del ref[b]
-                if host is not None:
-                    host.put(b)
             self.free += n
             self.evictions += n
         self.free -= private
@@ -129,6 +127,9 @@ class PrefixCache:
         """
         ref = self.ref
         get = ref.get
+        if self.host is not None:
+            for b in hash_ids[hit:]:
+                self.host.put(b)
         for b in hash_ids[hit:]:
             c = get(b)
             if c is None:
