@@ -148,7 +148,7 @@ def test_global_host_tier_hits_more_than_local_and_loads_cost_time() -> None:
     w = synthetic(600, 6.0, [RequestClass(1.0, 200, 1500, 20, 60)], 5, prefix_groups=60, prefix_tokens=4096)
     hits = {}
     for tier in ("local", "global"):
-        eng = dataclasses.replace(ENG, kv_blocks=30, host_kv_gib=0.5, host_tier=tier, max_num_seqs=16)
+        eng = dataclasses.replace(ENG, kv_blocks=30, host_kv_gib=8.0, host_tier=tier, max_num_seqs=16)
         st = setup_for(SPEC, HW, eng)
         res = st.run(w, Topology(colocated=4), "round_robin")
         hits[tier] = (res.prefix_hit_rate, res.host_hit_tokens)

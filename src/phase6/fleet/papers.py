@@ -32,7 +32,7 @@ from phase6.config import CONFIG_DIR, HardwareConfig
 from phase6.config.fleet import EngineConfig, SloConfig
 from phase6.fleet.analysis import max_rate_within_slo, summarize
 from phase6.fleet.results import Topology
-from phase6.fleet.run import FleetSetup
+from phase6.fleet.setup import FleetSetup
 from phase6.fleet.sim import EngineLimits
 from phase6.fleet.steptime import build_step_model, kv_capacity_blocks
 from phase6.fleet.workload import RequestClass, Workload, load_azure, load_mooncake, synthetic
