@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +168,47 @@ def test_pd_pools_with_their_own_tp() -> None:
     r = st.run(w, Topology(prefill=2, decode=3), "least_loaded")
     assert r.num_gpus == 2 * 2 + 3 * 1
     assert np.all(np.isfinite(r.finish_s)) and math.isfinite(summarize(r, SloConfig(), HW)["tbt_tail_p50_ms"])
+
+
+def _fleet(args: list[str], tmp_path: Path, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "phase6", "fleet", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=CONFIG_DIR.parent,
+        env=env,
+    )
+
+
+def test_fleet_job_routes_a_shared_first_block_trace_and_warns_on_one_key(tmp_path: Path) -> None:
+    common = [
+        "workload=mooncake",
+        "fleet.policies=[colocated]",
+        "fleet.routers=[session_affinity]",
+        "fleet.replicas=4",
+        "load.rates=[20]",
+        "model=llama3.1-8b",
+        "engine.tp=1",
+        "plots=false",
+    ]
+    good = shared_prefix_trace(tmp_path / "t.jsonl")
+    p = _fleet([*common, f"workload.path={good}", f"run.dir={tmp_path / 'a'}"], tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "warning:" not in p.stdout
+    # a trace that names one session for everything: all on one replica, and the run says so
+    rows = [json.loads(line) for line in good.read_text().splitlines()]
+    bad = tmp_path / "one.jsonl"
+    bad.write_text("".join(json.dumps({**r, "session_id": "same"}) + "\n" for r in rows))
+    p = _fleet([*common, f"workload.path={bad}", f"run.dir={tmp_path / 'b'}"], tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "warning: colocated / session_affinity sent 100% of the requests to replica" in " ".join(p.stdout.split())
+    assert "Warnings" in (tmp_path / "b" / "results.md").read_text()
+
+
+def test_papers_without_shared_data_is_one_line_exit_2(tmp_path: Path) -> None:
+    p = _fleet(["experiment=papers", f"run.dir={tmp_path / 'p'}"], tmp_path, {"PHASE6_SHARED_DATA": str(tmp_path)})
+    err = p.stderr.strip()
+    assert p.returncode == 2 and err.startswith("phase6: error:") and "mooncake-traces/synthetic_trace.jsonl" in err
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "p").exists()
