@@ -211,4 +211,4 @@ def test_papers_without_shared_data_is_one_line_exit_2(tmp_path: Path) -> None:
     p = _fleet(["experiment=papers", f"run.dir={tmp_path / 'p'}"], tmp_path, {"PHASE6_SHARED_DATA": str(tmp_path)})
     err = p.stderr.strip()
     assert p.returncode == 2 and err.startswith("phase6: error:") and "mooncake-traces/synthetic_trace.jsonl" in err
-    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "p").exists()
+    assert len(err.splitlines()) == 1 and not (tmp_path / "p" / "results.json").exists()
