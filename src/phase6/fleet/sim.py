@@ -467,6 +467,12 @@ class Simulation:
         if topology.is_pd:
             self.front = [Replica(i, "prefill", self, limits, host=ht(i)) for i in range(topology.prefill)]
             d_model, d_limits, self.tp_decode = decode_pool or (model, limits, tp)
+            need = int((-(-(workload.input_tokens + workload.output_tokens) // BLOCK_TOKENS)).max()) if n else 0
+            if need > d_limits.kv_blocks:
+                raise ValueError(
+                    f"{workload.source}: a request needs {need} KV blocks but a decode replica (tp "
+                    f"{self.tp_decode}) holds {d_limits.kv_blocks}; raise engine.decode_tp or drop long requests"
+                )
             self.back = [
                 Replica(topology.prefill + i, "decode", self, d_limits, d_model) for i in range(topology.decode)
             ]
