@@ -212,3 +212,19 @@ def test_papers_without_shared_data_is_one_line_exit_2(tmp_path: Path) -> None:
     err = p.stderr.strip()
     assert p.returncode == 2 and err.startswith("phase6: error:") and "mooncake-traces/synthetic_trace.jsonl" in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "p" / "results.json").exists()
+
+
+def test_papers_claim_verdicts_and_splitwise_slo() -> None:
+    from phase6.fleet.papers import Claim, splitwise_meets
+
+    def row(direction: bool, magnitude: bool | None) -> str:
+        return Claim("p", "c", "s", "1", "2", direction, magnitude).row()["agree"]
+
+    assert row(True, True) == "agree" and row(True, None) == "agree"
+    assert row(True, False) == "disagree" and row(False, None) == "disagree" and row(False, True) == "disagree"
+    # Splitwise's percentile-slowdown SLO: met by a lightly loaded fleet, missed by an overloaded one
+    w = synthetic(300, 1.0, [RequestClass(1.0, 200, 1500, 20, 200)], 3)
+    st = setup_for(SPEC, HW, ENG)
+    alone = setup_for(SPEC, HW, ENG)
+    assert splitwise_meets(st.run(w.at_rate(0.5), Topology(prefill=1, decode=1), "least_loaded"), alone)
+    assert not splitwise_meets(st.run(w.at_rate(200.0), Topology(prefill=1, decode=1), "least_loaded"), alone)
