@@ -62,9 +62,41 @@ def dpo(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
     run("dpo", ctx.args, multirun)
 
 
+def _grpo_in_vllm_env(overrides: list[str], multirun: bool) -> None:
+    """engine=vllm from a Python without vLLM: run the same command with the vLLM environment's interpreter
+    (``make setup-vllm``'s .venv-vllm or $PHASE6_VLLM_PYTHON; vLLM pins its own torch, so it has its own venv)."""
+    import importlib.util
+    import os
+    import subprocess
+    from pathlib import Path
+
+    if importlib.util.find_spec("vllm") is not None or os.environ.get("PHASE6_IN_VLLM_ENV"):
+        return
+    from phase6.launch import preflight
+
+    try:
+        configs = preflight("grpo", overrides, multirun)
+    except ConfigError as e:
+        fail(str(e))
+    if not any(c.engine.name == "vllm" for c in configs):
+        return
+    from phase6.serving.vllm_env import vllm_python
+
+    py = vllm_python()
+    if py is None or os.path.abspath(py) == os.path.abspath(sys.executable):
+        return  # the job itself says what is missing, in one line
+    src = str(Path(__file__).resolve().parents[1])  # this checkout's sources win in the child too
+    env = {**os.environ, "PHASE6_IN_VLLM_ENV": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    typer.echo(f"phase6: engine=vllm: running in the vLLM environment ({py})", err=True)
+    proc = subprocess.run([py, "-m", "phase6", "grpo", *(["-m"] if multirun else []), *overrides], env=env)
+    raise typer.Exit(proc.returncode)
+
+
 @app.command(context_settings=OVERRIDES)
 def grpo(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
     """6D: GRPO on GSM8K with an instrumented rollout engine (engine=vllm|vllm_server|hf|verl, grpo.staleness=k)."""
+    _grpo_in_vllm_env(ctx.args, multirun)
     run("grpo", ctx.args, multirun)
 
 
