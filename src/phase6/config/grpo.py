@@ -343,7 +343,7 @@ class GrpoRunConfig:
             require(
                 not self.engine.vllm.get("enable_sleep_mode", False),
                 "engine.vllm.enable_sleep_mode",
-                "must be off with grpo.staleness > 0 (waking vLLM re-pushes the live weights)",
+                "must be off with grpo.staleness > 0 (not verified that the lagged weights survive sleep and wake-up)",
             )
         require(
             self.data.task != "digits" or self.data.format_reward == "none",

@@ -42,7 +42,7 @@ from phase6.posttrain.grpo_timing import (
     WEIGHT_SYNC,
     PhaseTimer,
 )
-from phase6.rollout import RolloutEngine, SamplingParams
+from phase6.rollout import RolloutEngine, SamplingParams, checkpoint_tensors
 from phase6.rollout.hf import naive_generate
 from phase6.tasks.gsm8k import completion_text
 
@@ -138,7 +138,7 @@ class EngineGRPOTrainer(GRPOTrainer):
         """Every checkpoint name, tied aliases included (``lm_head.weight`` of a tied-embedding model): an engine
         may keep a derived copy of an alias (vLLM's CPU-packed ``lm_head``) that is refreshed only when that name
         is loaded, so deduplicated ``named_parameters()`` would leave it stale."""
-        return ((n, p.detach()) for n, p in self._policy().named_parameters(remove_duplicate=False))
+        return checkpoint_tensors(self._policy())
 
     def _sync_engine(self, step: int) -> int:
         """Make the engine hold version ``step - k``; returns that version."""

@@ -56,8 +56,9 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 
 def _reload_takes_iterator(worker: Any) -> bool:
     """Runs on the vLLM worker (collective_rpc): does its model runner reload from an iterator of named tensors?"""
-    runner = worker.model_runner
-    return "weights_iterator" in inspect.signature(runner.reload_weights).parameters
+    params = inspect.signature(worker.model_runner.reload_weights).parameters
+    # vLLM 0.26's V2 runner forwards (*args, **kwargs) to the V1 method; vLLM <= 0.13 had reload_weights(self)
+    return "weights_iterator" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def check_colocate_options(options: dict[str, Any]) -> None:
