@@ -111,3 +111,22 @@ def test_grpo_smoke_on_vllm(tmp_path: Path) -> None:
     (sync,) = res["tables"]["Weight sync (engine.load_weights)"]
     assert "reload_weights" in sync["mechanism"] and sync["syncs"] == 4 and sync["bytes_per_sync"] > 0
     assert "pass@1_after" in row  # evaluation ran through the vLLM engine too
+
+
+def test_unknown_vllm_argument_fails_before_the_run(tmp_path: Path) -> None:
+    """engine.vllm keys are vLLM's own LLM/EngineArgs names, checked by vLLM's dataclass before anything starts."""
+    run_dir = tmp_path / "bad"
+    env = vllm_env()
+    env["PHASE6_VLLM_PYTHON"] = str(VLLM_PY)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phase6", "grpo", "experiment=smoke", "engine=vllm", "+engine.vllm.max_model_length=64"]
+        + [f"run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "phase6: error: engine.vllm.max_model_length: not a vLLM engine argument" in proc.stderr
+    assert not run_dir.exists()
