@@ -3,6 +3,7 @@ generated job (overrides + data) carries our settings."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -48,11 +49,42 @@ def test_defaults_and_experiments() -> None:
         ("monitor.nvml_interval_s=0.5", "monitor.nvml_interval_s"),
         ("+grpo.trl.beta=0.1", "grpo.trl.beta"),
         ("+engine.vllm.mode=server", "engine.vllm.mode"),
+        ("+engine.vllm.logprobs_mode=raw_logprobs", "engine.vllm.logprobs_mode"),
+        ("model.tiny_heads=3", "model.tiny_heads"),
     ],
 )
 def test_bad_values_name_the_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config("grpo", [override])
+
+
+def test_tiny_model_heads_fit_the_engine() -> None:
+    smoke = load_config("grpo", ["experiment=smoke"])
+    assert smoke.model.tiny_heads_for("hf") == 4  # head size 16, as before
+    assert smoke.model.tiny_hidden_size // smoke.model.tiny_heads_for("vllm") == 32  # vLLM CPU attention: >= 32
+
+
+def test_engine_vllm_without_a_vllm_environment_is_one_line(tmp_path: Path) -> None:
+    """From a Python without vLLM and a vLLM env that is not there: exit 2, one line, no run directory."""
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is importable here: the job would run")
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PHASE6_VLLM_PYTHON": str(tmp_path / "missing" / "python"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "phase6", "grpo", "experiment=smoke", "engine=vllm", f"run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("phase6: error: engine=vllm:") and "does not exist" in line
+    assert not run_dir.exists()
 
 
 def test_cross_field_rules() -> None:

@@ -1,6 +1,6 @@
 """Rollout engines on a tiny model: the HF engine's batched static-cache generation (its decode loop and its
 ``generate`` mode) matches plain generate and per-prompt generation token for token (greedy), its behaviour log-probs
-match a direct forward, weight loads take effect; the vLLM adapter's bookkeeping is checked against a stand-in for TRL's VLLMGeneration."""
+match a direct forward, weight loads take effect; the vLLM server adapter's bookkeeping is checked against a stand-in for TRL's VLLMGeneration."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from phase6.posttrain.tiny import build_tiny_model, build_tiny_tokenizer
 from phase6.rollout import SamplingParams, cut_at_eos
 from phase6.rollout.hf import HFEngine, naive_generate, sequence_logprobs
-from phase6.rollout.vllm import VLLMEngine
+from phase6.rollout.vllm import VLLMServerEngine
 
 TEXTS = ["Ava has 3 apples and buys 4 more.", "How many?", "1 2 3 4 5 6 7 8 9 0", "marbles and coins"] * 20
 
@@ -119,18 +119,17 @@ def test_sampling_params_and_eos_cut() -> None:
 
 
 class FakeVLLMGeneration:
-    """Stand-in with the attributes and methods of trl.generation.vllm_generation.VLLMGeneration we use."""
+    """Stand-in with the attributes and methods of trl.generation.vllm_generation.VLLMGeneration (server mode) that
+    the server adapter uses; the colocated engine runs against real vLLM in tests/test_grpo_vllm.py."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
+    def __init__(self) -> None:
+        self.mode = "server"
         self.accelerator = types.SimpleNamespace(device=torch.device("cpu"), is_main_process=True)
-        self.loaded: list[tuple[str, torch.Tensor]] = []
+        self.pushed: list[tuple[list[Any], list[tuple[str, torch.Tensor]]]] = []
         self.resets = 0
-        model = types.SimpleNamespace(load_weights=self.loaded.extend)
-        runner = types.SimpleNamespace(model=model)
-        executor = types.SimpleNamespace(driver_worker=types.SimpleNamespace(model_runner=runner))
-        self.llm = types.SimpleNamespace(
-            llm_engine=types.SimpleNamespace(model_executor=executor), reset_prefix_cache=self._reset
+        self.vllm_client = types.SimpleNamespace(
+            update_named_params=lambda meta, tensors: self.pushed.append((meta, list(tensors))),
+            reset_prefix_cache=self._reset,
         )
         self.calls: list[dict[str, Any]] = []
 
@@ -151,14 +150,16 @@ class FakeVLLMGeneration:
         return prompts, comps, logprobs, None
 
 
-def test_vllm_adapter_bookkeeping() -> None:
-    gen = FakeVLLMGeneration("colocate")
-    eng = VLLMEngine(gen)
+def test_vllm_server_adapter_bookkeeping() -> None:
+    gen = FakeVLLMGeneration()
+    eng = VLLMServerEngine(gen)
     out = eng.generate([[1, 2], [1, 2]], SamplingParams(max_new_tokens=3, min_new_tokens=3, temperature=0.5), 2)
     assert out.completion_ids == [[7, 8, 2], [7, 8, 2]]
     assert out.logprobs is not None and out.logprobs[0][0] == -0.5 and math.isnan(out.logprobs[0][1])
     assert gen.calls == [{"n": 2, "temperature": 0.5, "max": 3, "kwargs": {"min_tokens": 3}}]
     tensors = [("a", torch.zeros(4)), ("b", torch.ones(2, 2, dtype=torch.bfloat16))]
     stats = eng.load_weights(iter(tensors))
-    assert [n for n, _ in gen.loaded] == ["a", "b"] and gen.resets == 1  # one batched call, then cache reset
-    assert stats.bytes == 4 * 4 + 4 * 2 and stats.num_tensors == 2 and "load_weights" in stats.mechanism
+    ((meta, pushed),) = gen.pushed  # one batched push, names/dtypes/shapes first, then the cache reset
+    assert meta == [("a", "float32", [4]), ("b", "bfloat16", [2, 2])] and [n for n, _ in pushed] == ["a", "b"]
+    assert gen.resets == 1
+    assert stats.bytes == 4 * 4 + 4 * 2 and stats.num_tensors == 2 and "NCCL" in stats.mechanism

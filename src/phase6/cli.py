@@ -62,9 +62,52 @@ def dpo(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
     run("dpo", ctx.args, multirun)
 
 
+def _grpo_vllm_preflight(overrides: list[str], multirun: bool) -> None:
+    """engine=vllm: check the vLLM side before anything starts (one line, exit 2), and from a Python without vLLM
+    run the same command with the vLLM environment's interpreter (``make setup-vllm``'s .venv-vllm or
+    $PHASE6_VLLM_PYTHON; vLLM pins its own torch, so it has its own venv)."""
+    import importlib.util
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from phase6.launch import preflight
+
+    try:
+        members = [c for c in preflight("grpo", overrides, multirun) if c.engine.name == "vllm"]
+    except ConfigError as e:
+        fail(str(e))
+    if not members:
+        return
+    if importlib.util.find_spec("vllm") is not None:
+        from phase6.rollout.vllm import check_colocate_options
+
+        for c in members:
+            if c.engine.vllm_mode == "colocate":
+                with one_line_errors():
+                    check_colocate_options(dict(c.engine.vllm))
+        return
+    from phase6.serving.vllm_env import skip_reason, vllm_python
+
+    py = vllm_python()
+    if py is None:
+        fail(f"engine=vllm: vLLM is not installed in this Python, and {skip_reason()}; or use engine=hf")
+    if not Path(py).is_file():
+        fail(f"engine=vllm: the vLLM environment's Python {py} does not exist (PHASE6_VLLM_PYTHON or .venv-vllm)")
+    if os.environ.get("PHASE6_IN_VLLM_ENV"):
+        fail(f"engine=vllm: the vLLM environment's Python ({sys.executable}) cannot import vllm; rerun make setup-vllm")
+    src = str(Path(__file__).resolve().parents[1])  # this checkout's sources win in the child too
+    env = {**os.environ, "PHASE6_IN_VLLM_ENV": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    typer.echo(f"phase6: engine=vllm: running in the vLLM environment ({py})", err=True)
+    proc = subprocess.run([py, "-m", "phase6", "grpo", *(["-m"] if multirun else []), *overrides], env=env)
+    raise typer.Exit(proc.returncode)
+
+
 @app.command(context_settings=OVERRIDES)
 def grpo(ctx: typer.Context, multirun: bool = MULTIRUN) -> None:
     """6D: GRPO on GSM8K with an instrumented rollout engine (engine=vllm|vllm_server|hf|verl, grpo.staleness=k)."""
+    _grpo_vllm_preflight(ctx.args, multirun)
     run("grpo", ctx.args, multirun)
 
 

@@ -57,6 +57,23 @@ class GrpoModelConfig(HFModelConfig):
 
     name: str = "qwen2.5-1.5b-instruct"
     name_or_path: str = "Qwen/Qwen2.5-1.5B-Instruct"
+    tiny_heads: int | None = None
+    """Attention heads of the ``tiny`` model (KV heads: half). None: 4 with engine=hf; tiny_hidden_size / 32 with
+    engine=vllm, because vLLM's CPU attention supports head sizes 32, 64, 80, ... only (``tiny_heads_for``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tiny_heads is not None:
+            require(
+                self.tiny_heads > 0 and self.tiny_hidden_size % self.tiny_heads == 0,
+                "model.tiny_heads",
+                f"must be > 0 and divide model.tiny_hidden_size={self.tiny_hidden_size}, got {self.tiny_heads}",
+            )
+
+    def tiny_heads_for(self, engine: str) -> int:
+        if self.tiny_heads is not None:
+            return self.tiny_heads
+        return max(1, self.tiny_hidden_size // 32) if engine == "vllm" else 4
 
 
 @dataclass
@@ -103,7 +120,9 @@ class EngineConfig:
     vllm_mode: str = "colocate"
     """colocate (vLLM inside the trainer process, shares the GPU) | server (``trl vllm-serve`` on other GPUs)."""
     vllm: dict[str, Any] = field(default_factory=dict)
-    """Passed through to TRL's VLLMGeneration: gpu_memory_utilization, server_base_url, tensor_parallel_size, ..."""
+    """colocate: ``vllm.LLM`` keyword arguments (gpu_memory_utilization, max_model_len, enable_sleep_mode, ...;
+    checked against vLLM's EngineArgs before the run starts); server: TRL's VLLMGeneration arguments
+    (server_host, server_port, server_timeout, ...)."""
     hf_decode: str = "loop"
     """HF engine: loop (phase6's static-cache decode loop, one CUDA graph replay per token) | generate
     (transformers' generate; the two knobs below apply to it only)."""
@@ -145,7 +164,10 @@ class EngineConfig:
         for k in ("hf_pad_to_multiple", "hf_score_batch_size"):
             require(getattr(self, k) >= 1, f"engine.{k}", f"must be >= 1, got {getattr(self, k)}")
         require(self.probe_every >= 0, "engine.probe_every", f"must be >= 0, got {self.probe_every}")
-        for key in ("mode", "model", "accelerator", "processing_class", "logprobs"):
+        fixed = ("mode", "model", "accelerator", "processing_class", "logprobs")
+        if self.vllm_mode == "colocate":  # phase6.rollout.vllm.COLOCATE_FIXED
+            fixed += ("distributed_executor_backend", "logprobs_mode", "tensor_parallel_size")
+        for key in fixed:
             require(key not in self.vllm, f"engine.vllm.{key}", "is set by phase6; remove it")
 
 
@@ -321,7 +343,7 @@ class GrpoRunConfig:
             require(
                 not self.engine.vllm.get("enable_sleep_mode", False),
                 "engine.vllm.enable_sleep_mode",
-                "must be off with grpo.staleness > 0 (waking vLLM re-pushes the live weights)",
+                "must be off with grpo.staleness > 0 (not verified that the lagged weights survive sleep and wake-up)",
             )
         require(
             self.data.task != "digits" or self.data.format_reward == "none",

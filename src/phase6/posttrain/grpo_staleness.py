@@ -47,10 +47,16 @@ class PolicyHistory:
             return 0
         copies = []
         nbytes = 0
+        by_storage: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
         for name, p in named_params:
-            c = p.detach().to(device=self.device, dtype=self.dtype or p.dtype, copy=True)
+            # tied weights arrive under every name (lm_head.weight = embed_tokens.weight): one copy, all names
+            key = (p.untyped_storage().data_ptr(), p.storage_offset(), tuple(p.shape))
+            c = by_storage.get(key)
+            if c is None:
+                c = p.detach().to(device=self.device, dtype=self.dtype or p.dtype, copy=True)
+                by_storage[key] = c
+                nbytes += c.numel() * c.element_size()
             copies.append((name, c))
-            nbytes += c.numel() * c.element_size()
         self._versions[version] = copies
         return nbytes
 

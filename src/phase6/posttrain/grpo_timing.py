@@ -35,7 +35,8 @@ PHASE_HELP = {
     BEHAVIOUR_LOGPROBS: "HF engine, decode=generate: scoring forward for the sampled tokens' log-probs "
     "(0 otherwise: vLLM and the HF decode loop return them with the tokens)",
     REWARD: "reward functions",
-    REF_LOGPROBS: "no-grad trainer forwards: reference model (beta > 0) and current-policy log-probs (IS/staleness)",
+    REF_LOGPROBS: "no-grad trainer forwards: reference model (beta > 0) and current-policy log-probs of the sampled "
+    "tokens (PPO anchor under staleness, IS weights, rollout/training mismatch)",
     POLICY_UPDATE: "loss forward + backward of every micro-batch + optimizer step",
     THROUGHPUT_PROBE: "probe steps only: the same prompts through plain HF generate, for the tokens/s comparison",
     OTHER: "the rest: tokenization, padding, advantages, grad clipping, logging, data loading",

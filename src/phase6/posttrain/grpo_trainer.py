@@ -42,7 +42,7 @@ from phase6.posttrain.grpo_timing import (
     WEIGHT_SYNC,
     PhaseTimer,
 )
-from phase6.rollout import RolloutEngine, SamplingParams
+from phase6.rollout import RolloutEngine, SamplingParams, checkpoint_tensors
 from phase6.rollout.hf import naive_generate
 from phase6.tasks.gsm8k import completion_text
 
@@ -126,6 +126,7 @@ class EngineGRPOTrainer(GRPOTrainer):
         self.version_log: list[dict[str, int]] = []
         self.sync_log: list[dict[str, Any]] = []
         self.throughput_log: list[dict[str, Any]] = []
+        self.mismatch_log: list[dict[str, Any]] = []
         self.generated_tokens = 0
         self.add_callback(_StepWindows(self))
 
@@ -134,12 +135,17 @@ class EngineGRPOTrainer(GRPOTrainer):
         return self.accelerator.unwrap_model(self.model)
 
     def _named_policy_params(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return ((n, p.detach()) for n, p in self._policy().named_parameters())
+        """Every checkpoint name, tied aliases included (``lm_head.weight`` of a tied-embedding model): an engine
+        may keep a derived copy of an alias (vLLM's CPU-packed ``lm_head``) that is refreshed only when that name
+        is loaded, so deduplicated ``named_parameters()`` would leave it stale."""
+        return checkpoint_tensors(self._policy())
 
     def _sync_engine(self, step: int) -> int:
         """Make the engine hold version ``step - k``; returns that version."""
         snapshot_bytes = self.history.record(step, self._named_policy_params())
         target = self.history.target(step)
+        metrics = self._metrics["train"]
+        pushed_bytes, pushed_ms = 0, 0.0
         if target != self.engine_version:
             source = self._named_policy_params() if target == step else self.history.weights(target)
             stats = self.engine.load_weights(source)
@@ -155,8 +161,11 @@ class EngineGRPOTrainer(GRPOTrainer):
                     "mechanism": stats.mechanism,
                 }
             )
-            self._metrics["train"]["sync/ms"].append(1e3 * stats.seconds)
-            self._metrics["train"]["sync/gib"].append(stats.bytes / 2**30)
+            pushed_bytes, pushed_ms = stats.bytes, 1e3 * stats.seconds
+        # every step, 0 when the engine already held the target version (lag k: the first k steps)
+        metrics["sync/bytes"].append(pushed_bytes)
+        metrics["sync/gib"].append(pushed_bytes / 2**30)
+        metrics["sync/ms"].append(pushed_ms)
         self.history.drop_before(target + 1)  # the engine holds `target`; later steps need newer versions only
         return target
 
@@ -210,16 +219,19 @@ class EngineGRPOTrainer(GRPOTrainer):
         assert "sampling_per_token_logps" in out, "the engine must return behaviour log-probs"
         behaviour = out["sampling_per_token_logps"]  # (B, T); 0 on padding
         mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
-        has_nan = bool(torch.isnan(behaviour).any())
-        if self.staleness == 0 and self.is_correction == "none" and not has_nan:
-            out["old_per_token_logps"] = behaviour
-            return out
+        # The current policy's log-probs of the sampled tokens (no grad; one forward per step, what TRL computes
+        # for its vLLM IS correction too): the anchor for stale samples, and the rollout/training mismatch below.
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         with torch.no_grad():
             current, _, _ = self._get_per_token_logps_and_entropies(
                 self.model, ids, attention, out["completion_ids"].size(1), self.args.per_device_train_batch_size
             )
+        self._log_mismatch(current, behaviour, mask)
+        has_nan = bool(torch.isnan(behaviour).any())
+        if self.staleness == 0 and self.is_correction == "none" and not has_nan:
+            out["old_per_token_logps"] = behaviour
+            return out
         weights, stats = truncated_is_weights(current, behaviour, mask, self.is_clip)
         for k, v in stats.items():
             self._metrics["train"][f"staleness/{k}"].append(v)
@@ -229,6 +241,31 @@ class EngineGRPOTrainer(GRPOTrainer):
         else:
             out["old_per_token_logps"] = torch.where(torch.isnan(behaviour), current, behaviour)
         return out
+
+    def _log_mismatch(self, current: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor) -> None:
+        """|log pi_trainer - log mu_engine| over the sampled tokens, per step (metrics ``rollout/logp_mismatch_*``).
+
+        At lag 0 both sides hold the same weights, so this is the engine-vs-trainer numerical mismatch that
+        importance-sampling corrections exist for (fp32: ~1e-6; bf16 kernels: ~1e-2); at lag k it also contains
+        k optimizer steps of policy drift. Tokens vLLM could not score (NaN) are left out and counted."""
+        real = mask.bool()
+        nan = torch.isnan(behaviour) & real
+        use = real & ~nan
+        diff = (current - behaviour).abs()[use].float()
+        step = self.state.global_step
+        row = {
+            "step": step,
+            "policy_version": self.engine_version,
+            "lag": step - self.engine_version,
+            "tokens": int(use.sum()),
+            "nan_tokens": int(nan.sum()),
+            "logp_mismatch_mean": float(diff.mean()) if diff.numel() else 0.0,
+            "logp_mismatch_max": float(diff.max()) if diff.numel() else 0.0,
+        }
+        self.mismatch_log.append(row)
+        metrics = self._metrics["train"]
+        metrics["rollout/logp_mismatch_mean"].append(row["logp_mismatch_mean"])
+        metrics["rollout/logp_mismatch_max"].append(row["logp_mismatch_max"])
 
     # ---- timing wrappers -----------------------------------------------------------------------------------------
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:

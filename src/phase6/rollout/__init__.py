@@ -12,7 +12,7 @@ lag possible: the engine can hold the policy of k steps ago while the trainer up
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -92,6 +92,18 @@ class RolloutEngine(Protocol):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
         """Copy the given (checkpoint-named) tensors into the engine's weights."""
         ...
+
+
+def checkpoint_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, detached tensor) for every checkpoint name of ``model``, tied aliases included.
+
+    ``named_parameters()`` yields a tied tensor once (``model.embed_tokens.weight``), but an engine may keep a
+    derived copy per *name*: vLLM 0.32 on CPU packs ``lm_head`` for its GEMM kernel and repacks it only when
+    ``lm_head.weight`` itself is loaded, so a sync without the alias leaves the output layer stale, silently
+    (tests/test_grpo_vllm.py). Aliases share storage: a copy of one is a copy of all (PolicyHistory keeps one).
+    """
+    for name, p in model.named_parameters(remove_duplicate=False):
+        yield name, p.detach()
 
 
 def cut_at_eos(ids: list[int], eos_ids: set[int]) -> list[int]:

@@ -165,7 +165,8 @@ class HFEngine:
         self.pad_to_multiple = pad_to_multiple
         self.return_logprobs = return_logprobs
         self.score_batch_size = score_batch_size
-        self._params = dict(self.model.named_parameters())
+        # every checkpoint name, tied aliases too (the trainer sends lm_head.weight of a tied model; same storage)
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
         self.decode = decode
         self.loop = (
             DecodeLoop(self.model, pad_id, self.eos_ids, pad_to_multiple, loop_options) if decode == "loop" else None
