@@ -218,9 +218,13 @@ def compute_breakdown(
     head_flops = 6.0 * head_mm * tokens_gpu
     last_gemm = (body_flops + head_flops) / (tp * gemm_rate)
     first_gemm = body_flops / (tp * gemm_rate) if layout.pp > 1 else last_gemm
-    # 12·H·Q·T per token and layer counts the full score matrix; a causal flash kernel executes half of it.
-    attn_exec = 0.5 * 12.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
-    attention = attn_exec * (4 / 3 if attn_fwd_again else 1.0) / (tp * profile.attention_flops)
+    # Flash attention forward: 4·H·Q·T per token and layer for QK^T and PV over the full score matrix, half of it for
+    # a causal kernel; the backward recomputes the scores and runs 2.5x the forward (FlashAttention-2 §3.1.2; its
+    # benchmarks count fwd+bwd as 3.5 forwards, the convention of ``attention_flops``); full AC runs one more forward.
+    # The kernel sees the local chunk (T/cp) with context parallelism: its rate is ``attention_flops_at`` that length.
+    attn_fwd = 0.5 * 4.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
+    attn_rate = profile.attention_flops_at(setup.seq_len / layout.cp, setup.attention_kernel)
+    attention = attn_fwd * (3.5 + (1.0 if attn_fwd_again else 0.0)) / (tp * attn_rate)
     bw = profile.stream_bytes_per_s
     per_layer_bytes = elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
     elem = elem_passes * layers * per_layer_bytes * tokens_gpu / (tp * bw)
