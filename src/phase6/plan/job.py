@@ -233,8 +233,13 @@ def explain(
                 f" -> wire {_fmt_bytes(c.wire_bytes):>12s}, {c.time_s * 1e3:9.2f} ms, exposed "
                 f"{c.exposed_s * 1e3:9.2f} ms ({c.note})"
             )
+        if p.overlap_s:
+            lines.append(
+                f"overlap slowdown: compute beside {p.comm_hidden_s * 1e3:,.1f} ms of hidden communication runs "
+                f"18.9% slower (NCCL's SMs and HBM traffic; arXiv 2507.03114) = {p.overlap_s * 1e3:,.1f} ms"
+            )
         lines += [
-            f"step = compute + bubble + exposed comm + optimizer = {p.step_time_s * 1e3:,.1f} ms -> "
+            f"step = compute + bubble + exposed comm + optimizer + overlap slowdown = {p.step_time_s * 1e3:,.1f} ms -> "
             f"{p.tokens_per_s:,.0f} tok/s, MFU {100 * p.mfu(profile.peak_flops):.1f}%"
         ]
         lines.append(

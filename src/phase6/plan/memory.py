@@ -69,6 +69,9 @@ class TrainSetup:
     PyTorch, one kernel per op with fp32 upcasts (more HBM traffic, docs/cost_model.md §4)."""
     tp_comm_overlap: bool = False
     """TP collectives overlap the neighbouring GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."""
+    tp_overlap_backward: bool = True
+    """With ``tp_comm_overlap``: the backward's TP collectives are overlapped too (Transformer Engine userbuffers,
+    Megatron); False = forward passes only (torch AsyncTP's inductor fusion, docs/cost_model.md §3)."""
     attention_kernel: str = "cudnn"
     """Flash-attention kernel: "cudnn" (Transformer Engine, llm.c, PyTorch SDPA's default on Hopper in recent torch)
     or "fa2" (FlashAttention-2, PyTorch SDPA's flash backend); its rate curve is in plan/profile.py."""

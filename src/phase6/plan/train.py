@@ -26,6 +26,27 @@ from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile
 
 
+# Communication hidden behind compute is not free: NCCL's kernels occupy SMs (one CTA per channel) and HBM bandwidth
+# while the GEMMs run. Measured on A100, H100, MI250 and MI210 training GPT and Llama layers, compute overlapped with
+# communication runs on average 18.9% slower (max 40%) than alone (Lee et al. 2025, "Characterizing
+# Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114). With compute at
+# 1/(1 + k) of its speed while a collective of length C runs beside it, the step grows by C·k/(1 + k). That was
+# measured inside a node (NVLink / Infinity Fabric), where NCCL drives the most channels (one CTA = one SM each) and
+# HBM traffic; a collective on a slower fabric occupies fewer channels and moves fewer bytes per second, so its share
+# is scaled by its bus bandwidth over NVLink's (an approximation: ``CommTerm.contention``).
+OVERLAP_COMPUTE_SLOWDOWN = 0.189
+
+
+def overlap_penalty(hidden_s: float, contention: float = 1.0) -> float:
+    """Extra compute time caused by ``hidden_s`` seconds of communication running beside it."""
+    k = OVERLAP_COMPUTE_SLOWDOWN * contention
+    return max(0.0, hidden_s) * k / (1.0 + k)
+
+
+def _contention(profile: HardwareProfile, f: comm.Fabric) -> float:
+    return min(1.0, f.bandwidth_gbps / profile.intra.bandwidth_gbps)
+
+
 @dataclass
 class CommTerm:
     """One dimension's communication per optimizer step on one GPU."""
@@ -42,6 +63,8 @@ class CommTerm:
     time_s: float
     exposed_s: float
     note: str = ""
+    contention: float = 1.0
+    """Share of ``OVERLAP_COMPUTE_SLOWDOWN`` its hidden part costs the compute beside it (fabric busbw / NVLink's)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,14 +117,20 @@ class StepPrediction:
     """The end-to-end compute efficiency given (``mfu=``); 0 when the kernel-level model was used."""
     breakdown: ComputeBreakdown | None = None
     optimizer_s: float = 0.0
+    overlap_s: float = 0.0
+    """Compute slowed by the communication hidden behind it (``overlap_penalty``)."""
 
     @property
     def comm_exposed_s(self) -> float:
         return sum(c.exposed_s for c in self.comm)
 
     @property
+    def comm_hidden_s(self) -> float:
+        return sum(c.time_s - c.exposed_s for c in self.comm)
+
+    @property
     def step_time_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.comm_exposed_s + self.optimizer_s
+        return self.compute_s + self.bubble_s + self.comm_exposed_s + self.optimizer_s + self.overlap_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -112,7 +141,12 @@ class StepPrediction:
         return self.model_flops_per_step / (self.step_time_s * self.layout.gpus * peak_flops)
 
     def dominant(self) -> str:
-        parts = {"compute": self.compute_s, "pipeline bubble": self.bubble_s, "optimizer step": self.optimizer_s}
+        parts = {
+            "compute": self.compute_s,
+            "pipeline bubble": self.bubble_s,
+            "optimizer step": self.optimizer_s,
+            "compute slowed by overlapped communication": self.overlap_s,
+        }
         for c in self.comm:
             parts[f"{c.dim} {c.op}"] = parts.get(f"{c.dim} {c.op}", 0.0) + c.exposed_s
         return max(parts, key=lambda k: parts[k])
@@ -132,6 +166,8 @@ class StepPrediction:
             share = 100 * c.exposed_s / step
             hidden = " hidden" if c.exposed_s < 0.05 * c.time_s else ""
             bits.append(f"{c.dim} {c.op} on {c.fabric}{hidden} {share:.0f}%")
+        if self.overlap_s:
+            bits.append(f"overlap slowdown {100 * self.overlap_s / step:.0f}%")
         return f"dominated by {self.dominant()}; " + ", ".join(bits)
 
 
@@ -317,9 +353,25 @@ def predict_train_step(
         n = layers * m * (2 * fwd_passes + 2)
         t, algo = comm.all_reduce_time(act_bytes, tp, f)
         total = n * t
-        if setup.tp_comm_overlap:  # each collective hides behind the neighbouring GEMM of the same block
-            exposed = max(0.0, total - gemm_per_layer_mb * layers * m)
-            note = "overlapped with the block's GEMMs (tp_comm_overlap / AsyncTP)"
+        if setup.tp_comm_overlap:
+            # Decomposed overlap (Wang et al. 2023, "Overlap Communication with Dependent Computation via
+            # Decomposition", ASPLOS; TE userbuffers, torch AsyncTP): a collective is split into tp chunks, each
+            # moved while the GEMM of another runs. An all-gather starts on the local chunk (nothing exposed); a
+            # reduce-scatter sends its last chunk after the last GEMM piece: 1/tp of it, half the collectives, stays
+            # exposed. Which passes are covered depends on the framework: TE (Megatron --tp-comm-overlap) overlaps
+            # forward and backward; torch AsyncTP fuses only forward (and recompute) patterns - in the backward graph
+            # the reduce-scatters take sums of matmuls, not one matmul (pytorch/pytorch#149946), and its authors
+            # report ~20% forward but ~8% end-to-end speedup on Llama 3 70B (PyTorch dev-discuss, "Introducing Async
+            # Tensor Parallelism in PyTorch", 2024).
+            n_cover = layers * m * (2 * fwd_passes + (2 if setup.tp_overlap_backward else 0))
+            covered = n_cover * t
+            tail = covered / (2 * tp)
+            window = gemm_per_layer_mb * layers * m * (covered / total)
+            exposed = (total - covered) + tail + max(0.0, covered - tail - window)
+            note = (
+                "overlapped with the block's GEMMs (tp_comm_overlap), 1/tp of each reduce-scatter exposed"
+                + ("" if setup.tp_overlap_backward else "; backward collectives exposed (AsyncTP: forward only)")
+            )
         else:
             exposed = total
             note = f"2/block fwd + 2 bwd{' + 2 recompute' if fwd_passes == 2 else ''}, not overlapped"
@@ -334,6 +386,7 @@ def predict_train_step(
                 total,
                 exposed,
                 note,
+                0.0,  # the decomposed transfers are peer copies (copy engines), not NCCL's SM-resident kernels
             )
         )
     if cp > 1:
@@ -360,6 +413,7 @@ def predict_train_step(
                 n * t_pass,
                 exposed,
                 "each pass overlaps 1/cp of the layer's attention",
+                _contention(profile, f),
             )
         )
     if ep > 1 and model.is_moe:  # dispatch + combine all-to-all per MoE layer, forward and backward
@@ -382,7 +436,9 @@ def predict_train_step(
         )
     # The pipeline bubble idles each stage for (p-1)/m (schedule-dependent) of its per-micro-batch time, which
     # includes that micro-batch's exposed TP/CP/EP communication.
-    in_mb = compute + sum(c.exposed_s for c in pred.comm)
+    # Compute slowed by the TP/CP/EP communication hidden inside each micro-batch: part of the per-micro-batch time.
+    pred.overlap_s = sum(overlap_penalty(c.time_s - c.exposed_s, c.contention) for c in pred.comm)
+    in_mb = compute + pred.comm_exposed_s + pred.overlap_s
     pred.bubble_s = in_mb * bubble_fraction(setup.pp_schedule, pp, m, setup.virtual_stages)
     if pp > 1:  # activation forward + its gradient backward, per micro-batch per stage boundary
         # One GPU talks to one peer: a boundary that leaves the node is one NIC (no multi-NIC ring aggregation);
@@ -496,6 +552,8 @@ def predict_train_step(
                     exposed_total * share,
                     f"ZeRO-{setup.zero} over {shard} ranks, overlapped with "
                     f"{'forward+backward' if setup.zero == 3 else 'the first forward / last backward'}",
+                    _contention(profile, f),
                 )
             )
+        pred.overlap_s += overlap_penalty(total - exposed_total, _contention(profile, f))
     return pred
