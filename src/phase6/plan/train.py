@@ -25,7 +25,6 @@ from phase6.plan.memory import GIB, ParallelLayout, TrainMemory, TrainSetup, sta
 from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile
 
-
 # Communication hidden behind compute is not free: NCCL's kernels occupy SMs (one CTA per channel) and HBM bandwidth
 # while the GEMMs run. Measured on A100, H100, MI250 and MI210 training GPT and Llama layers, compute overlapped with
 # communication runs on average 18.9% slower (max 40%) than alone (Lee et al. 2025, "Characterizing
@@ -368,9 +367,8 @@ def predict_train_step(
             tail = covered / (2 * tp)
             window = gemm_per_layer_mb * layers * m * (covered / total)
             exposed = (total - covered) + tail + max(0.0, covered - tail - window)
-            note = (
-                "overlapped with the block's GEMMs (tp_comm_overlap), 1/tp of each reduce-scatter exposed"
-                + ("" if setup.tp_overlap_backward else "; backward collectives exposed (AsyncTP: forward only)")
+            note = "overlapped with the block's GEMMs (tp_comm_overlap), 1/tp of each reduce-scatter exposed" + (
+                "" if setup.tp_overlap_backward else "; backward collectives exposed (AsyncTP: forward only)"
             )
         else:
             exposed = total
