@@ -202,3 +202,15 @@ def test_tp_overlap_covers_the_framework_s_passes_and_leaves_the_reduce_scatter_
     assert plain.step_time_s > fwd_only.step_time_s > te.step_time_s
     # the decomposed peer copies do not charge the SM-contention slowdown; hidden NCCL traffic would
     assert tp1.contention == 0.0
+
+
+def test_unfused_cross_entropy_moves_40_bytes_per_vocab_entry() -> None:
+    m = resolve_model("llama3.1-8b")
+    setup = TrainSetup(seq_len=4096, global_batch_tokens=8 * 4096, zero=1)
+    fused = predict_train_step(m, ParallelLayout(dp=8), setup, PROFILE).breakdown
+    eager = predict_train_step(m, ParallelLayout(dp=8), dataclasses.replace(setup, fused_elementwise=False), PROFILE)
+    megatron = predict_train_step(m, ParallelLayout(dp=8), dataclasses.replace(setup, fused_loss=False), PROFILE)
+    assert fused.loss_s == pytest.approx(16 * m.vocab_size * 4096 / PROFILE.stream_bytes_per_s)
+    assert eager.breakdown.loss_s == pytest.approx(fused.loss_s * 40 / 16)  # follows fused_elementwise by default
+    assert megatron.breakdown.loss_s == pytest.approx(eager.breakdown.loss_s)  # fused norms, unfused CE
+    assert megatron.breakdown.elementwise_s == pytest.approx(fused.elementwise_s)

@@ -67,6 +67,9 @@ class TrainSetup:
     fused_elementwise: bool = True
     """Norms, activations, RoPE and residual adds run as fused kernels (torch.compile, TE, llm.c); False = eager
     PyTorch, one kernel per op with fp32 upcasts (more HBM traffic, docs/cost_model.md §4)."""
+    fused_loss: bool | None = None
+    """Cross-entropy as one fused kernel (llm.c, torch.compile, Megatron --cross-entropy-loss-fusion); None = as
+    ``fused_elementwise``."""
     tp_comm_overlap: bool = False
     """TP collectives overlap the neighbouring GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."""
     tp_overlap_backward: bool = True

@@ -274,8 +274,13 @@ def compute_breakdown(
         m_steps = max(1, round(tokens_gpu / (setup.micro_batch * setup.seq_len / layout.cp)))
         weights = 10.0 * layers * layer_mm * m_steps
         elem += (layers * act * tokens_gpu + weights) / (tp * bw)
-    # Loss: bf16 logits written, softmax + its gradient in fp32 (~16 B per vocab entry per token), vocab-parallel.
-    loss = 16.0 * model.vocab_size * tokens_gpu / (tp * bw)
+    # Loss (vocab-parallel), HBM bytes per vocab entry and token. Fused (llm.c's classifier, torch.compile, TE/Megatron
+    # --cross-entropy-loss-fusion): 16 B, which with the fused elementwise kernels matches this repo's H200 6A profile
+    # (inductor Triton kernels 34.1 ms vs 32 ms predicted). Unfused, counted from eager PyTorch's F.cross_entropy on
+    # logits.float(): cast 2+4, log_softmax 3x4 (max, sum, write), nll backward 4 (dense grad), log_softmax backward
+    # 3x4, cast back 4+2 = 40 B (Megatron's unfused vocab-parallel CE, the default, makes about as many fp32 passes).
+    fused_loss = setup.fused_elementwise if setup.fused_loss is None else setup.fused_loss
+    loss = (16.0 if fused_loss else 40.0) * model.vocab_size * tokens_gpu / (tp * bw)
     first = first_gemm + attention + elem
     last = last_gemm + attention + elem + loss
     if first > last:  # (only with a tiny vocab) report the first stage
