@@ -25,6 +25,9 @@ from phase6.plan.memory import GIB, ParallelLayout, TrainMemory, TrainSetup, sta
 from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile
 
+GEMM_CALL_OVERHEAD_S = 6e-6
+"""Fixed time of one GEMM call beyond its FLOPs at the large-GEMM rate (compute_breakdown; XLA's H100 table)."""
+
 # Communication hidden behind compute is not free: NCCL's kernels occupy SMs (one CTA per channel) and HBM bandwidth
 # while the GEMMs run. Measured on A100, H100, MI250 and MI210 training GPT and Llama layers, compute overlapped with
 # communication runs on average 18.9% slower (max 40%) than alone (Lee et al. 2025, "Characterizing
@@ -251,8 +254,17 @@ def compute_breakdown(
     gemm_rate = profile.matmul_flops_fp8 if setup.fp8 else profile.matmul_flops
     body_flops = (6.0 + extra_mm) * layers * layer_mm * tokens_gpu
     head_flops = 6.0 * head_mm * tokens_gpu
-    last_gemm = (body_flops + head_flops) / (tp * gemm_rate)
-    first_gemm = body_flops / (tp * gemm_rate) if layout.pp > 1 else last_gemm
+    # Each GEMM call also pays a fixed ~6 us (prologue, pipeline fill, the last partial wave, epilogue) beyond its
+    # FLOPs at the large-GEMM rate: XLA's measured H100 (sm_90) bf16 matmul table (openxla
+    # xla/service/gpu/model/matmul_interpolator_data.h) fits t = FLOPs / 783 TF + 5-7 us for K >= 1024 (2048^3: 632 TF,
+    # 2048x1024x2048: 523 TF, 4096^3: 783 TF). Calls per block and micro-batch: 4 linear groups (QKV, out, up/gate,
+    # down) x (forward, dgrad, wgrad, + 1 forward with full AC, + 1/2 with selective AC); the head 3 per micro-batch.
+    m_steps = max(1, round(tokens_gpu / (setup.micro_batch * setup.seq_len / layout.cp)))
+    passes = 3.0 + extra_mm / 2.0
+    body_calls = 4 * passes * layers * m_steps
+    head_calls = 3 * m_steps
+    last_gemm = (body_flops + head_flops) / (tp * gemm_rate) + (body_calls + head_calls) * GEMM_CALL_OVERHEAD_S
+    first_gemm = body_flops / (tp * gemm_rate) + body_calls * GEMM_CALL_OVERHEAD_S if layout.pp > 1 else last_gemm
     # Flash attention forward: 4·H·Q·T per token and layer for QK^T and PV over the full score matrix, half of it for
     # a causal kernel; the backward recomputes the scores and runs 2.5x the forward (FlashAttention-2 §3.1.2; its
     # benchmarks count fwd+bwd as 3.5 forwards, the convention of ``attention_flops``); full AC runs one more forward.
@@ -271,7 +283,6 @@ def compute_breakdown(
         q, k, h = model.q_dim, model.kv_dim, model.hidden_size
         f = model.expert_size * model.experts_per_token if model.is_moe else model.intermediate_size
         act = 5.0 * ((2 * h + q + f) + (q + 2 * k + 2 * h + 2 * f))
-        m_steps = max(1, round(tokens_gpu / (setup.micro_batch * setup.seq_len / layout.cp)))
         weights = 10.0 * layers * layer_mm * m_steps
         elem += (layers * act * tokens_gpu + weights) / (tp * bw)
     # Loss (vocab-parallel), HBM bytes per vocab entry and token. Fused (llm.c's classifier, torch.compile, TE/Megatron
