@@ -67,10 +67,11 @@ def test_held_out_cases_are_reported_and_do_not_regress(results) -> None:  # noq
     rows, summ = results
     held = [r for r in rows if r.case.held_out]
     assert len(held) >= 4 and summ["held_out"]["cases"] == len(held)
-    # Regression guard at the level reached by the second pass (2026-12-01, docs/cost_model.md §8): 21 rows, mean
-    # 18.7%, max 45.8% (torchtitan 405B 3D), published layout first or tied in 13 (first pass: 32.0%, 70.8%, 14).
+    # Regression guard at the level reached by the second pass (2026-12-01, docs/cost_model.md §8): 22 rows, mean
+    # 17.3%, max 36.3% (torchtitan 8B TP8 AsyncTP 2025), published layout first or tied in 13 (first pass on the same
+    # rows: 30.6%, 70.8%, 14).
     errs = [abs(r.ratio - 1) for r in held]
-    assert statistics.mean(errs) <= 0.20 and max(errs) <= 0.50, [(r.case.id, round(r.ratio, 3)) for r in held]
+    assert statistics.mean(errs) <= 0.19 and max(errs) <= 0.40, [(r.case.id, round(r.ratio, 3)) for r in held]
     assert sum(1 for r in held if r.rank == 1 or r.within_tie) >= 12
     # The AsyncTP rows: the predicted gain of async over vanilla TP stays near the published 1.09-1.10x (June 2025),
     # not the ~1.35x of hiding every TP collective.
