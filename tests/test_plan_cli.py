@@ -52,7 +52,7 @@ def test_train_explain_says_why_and_what_micro_batch_means(tmp_path: Path) -> No
     out = r.stdout
     assert "why this layout:" in out and "within 5% of the" in out and "fewer model-parallel dimensions" in out
     assert "plan.micro_batch = sequences per micro-batch per data-parallel replica" in out and "local_batch" in out
-    assert "GEMM" in out and "attention 12*L*H*Q*T/2 (causal)" in out
+    assert "GEMM" in out and "6 us per GEMM call" in out and "attention 4*L*H*Q*T/2 (causal fwd) x 3.5" in out
 
 
 def test_hf_config_json_and_profile(tmp_path: Path) -> None:

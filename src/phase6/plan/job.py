@@ -207,12 +207,16 @@ def explain(
             lines += [
                 f"compute per GPU (kernel level: {profile.kernel_source()}):",
                 f"  GEMM      {(6 + (2 if s.activation_checkpointing else 1 if s.selective_ac else 0))}N x tokens / "
-                f"(GPUs x {'FP8' if s.fp8 else 'bf16'} matmul rate) = {b.gemm_s * 1e3:,.1f} ms"
+                f"(GPUs x {'FP8' if s.fp8 else 'bf16'} matmul rate) + 6 us per GEMM call = {b.gemm_s * 1e3:,.1f} ms"
                 + (f" ({b.recompute_note})" if b.recompute_note else ""),
-                f"  attention 12*L*H*Q*T/2 (causal) x tokens / (GPUs x flash rate) = {b.attention_s * 1e3:,.1f} ms",
+                f"  attention 4*L*H*Q*T/2 (causal fwd) x {'4.5' if s.activation_checkpointing else '3.5'} (bwd = 2.5 "
+                f"fwd{', + recompute' if s.activation_checkpointing else ''}) x tokens / (GPUs x {s.attention_kernel} "
+                f"flash rate at T/cp = {profile.attention_flops_at(s.seq_len / p.layout.cp, s.attention_kernel) / 1e12:.0f}"
+                f" TF) = {b.attention_s * 1e3:,.1f} ms",
                 f"  norms/activations/RoPE/residuals ({'fused' if s.fused_elementwise else 'eager'}) at HBM = "
                 f"{b.elementwise_s * 1e3:,.1f} ms",
-                f"  loss (logits softmax, fp32) = {b.loss_s * 1e3:,.1f} ms; optimizer (AdamW, 30 B/local param) = "
+                f"  loss (cross-entropy, {16 if (s.fused_elementwise if s.fused_loss is None else s.fused_loss) else 40} B"
+                f"/vocab entry) = {b.loss_s * 1e3:,.1f} ms; optimizer (AdamW, 30 B/local param) = "
                 f"{b.optimizer_s * 1e3:,.1f} ms",
                 f"  = {p.compute_s * 1e3:,.1f} ms forward+backward + {p.optimizer_s * 1e3:,.1f} ms optimizer",
             ]
@@ -233,8 +237,14 @@ def explain(
                 f" -> wire {_fmt_bytes(c.wire_bytes):>12s}, {c.time_s * 1e3:9.2f} ms, exposed "
                 f"{c.exposed_s * 1e3:9.2f} ms ({c.note})"
             )
+        if p.overlap_s:
+            lines.append(
+                f"overlap slowdown: compute beside hidden NCCL traffic runs 18.9% x (fabric busbw / NVLink busbw) "
+                f"slower (SMs and HBM taken; arXiv 2507.03114; TP overlap's peer copies not charged) = "
+                f"{p.overlap_s * 1e3:,.1f} ms"
+            )
         lines += [
-            f"step = compute + bubble + exposed comm + optimizer = {p.step_time_s * 1e3:,.1f} ms -> "
+            f"step = compute + bubble + exposed comm + optimizer + overlap slowdown = {p.step_time_s * 1e3:,.1f} ms -> "
             f"{p.tokens_per_s:,.0f} tok/s, MFU {100 * p.mfu(profile.peak_flops):.1f}%"
         ]
         lines.append(

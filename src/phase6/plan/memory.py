@@ -67,8 +67,17 @@ class TrainSetup:
     fused_elementwise: bool = True
     """Norms, activations, RoPE and residual adds run as fused kernels (torch.compile, TE, llm.c); False = eager
     PyTorch, one kernel per op with fp32 upcasts (more HBM traffic, docs/cost_model.md §4)."""
+    fused_loss: bool | None = None
+    """Cross-entropy as one fused kernel (llm.c, torch.compile, Megatron --cross-entropy-loss-fusion); None = as
+    ``fused_elementwise``."""
     tp_comm_overlap: bool = False
     """TP collectives overlap the neighbouring GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."""
+    tp_overlap_backward: bool = True
+    """With ``tp_comm_overlap``: the backward's TP collectives are overlapped too (Transformer Engine userbuffers,
+    Megatron); False = forward passes only (torch AsyncTP's inductor fusion, docs/cost_model.md §3)."""
+    attention_kernel: str = "cudnn"
+    """Flash-attention kernel: "cudnn" (Transformer Engine, llm.c, PyTorch SDPA's default on Hopper in recent torch)
+    or "fa2" (FlashAttention-2, PyTorch SDPA's flash backend); its rate curve is in plan/profile.py."""
 
     @property
     def ac_mode(self) -> str:

@@ -9,6 +9,7 @@ peak; everything else still comes from the hardware config.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,37 @@ NETWORK_HOP_US = 2.7
 DEFAULT_MATMUL_EFFICIENCY = 0.8
 DEFAULT_FP8_MATMUL_EFFICIENCY = 0.7
 DEFAULT_ATTENTION_EFFICIENCY = 0.4
+# Flash attention's rate depends on the kernel and on the sequence length it sees (fewer query tiles, and the causal
+# diagonal's half-empty blocks, at short lengths). H100 SXM5, head dim 128, causal, from Shah et al. 2024
+# ("FlashAttention-3", arXiv 2407.08608) Fig. 5 (forward, causal) and Fig. 6 (backward, non-causal; scaled by each
+# kernel's forward causal/non-causal ratio), combined as training runs them: forward + backward at 2.5x the forward's
+# FLOPs, rate = 3.5 / (1/fwd + 2.5/bwd) TF at 0.5/1/2/4/8/16K:
+#   FlashAttention-2 (PyTorch SDPA's flash backend): fwd 191/260/298/319/333/335, bwd 132/193/240/269/286/291
+#     -> 145/208/254/282/298/302
+#   cuDNN (Transformer Engine's fused attention, llm.c, PyTorch SDPA's cuDNN backend on Hopper): fwd 315/410/484/518/
+#     529/539, bwd 193/291/365/425/457/467 -> 217/317/393/448/476/486
+# The hardware's ``attention_tflops_bf16`` is FlashAttention-2's long-sequence rate at the sustained clock; a kernel
+# and length scale it by these curves (linear in log2(length), flat outside 0.5-16K). cuDNN's Hopper kernels (wgmma,
+# TMA) need FP8-class tensor cores: on a GPU without FP8 (A100) every kernel runs at FlashAttention-2's curve.
+# This repo's H200 profile (docs/benchmarks.md, 6A fourth round): cuDNN at T=1024, head dim 64, 253 TF
+# fwd+bwd in this convention (fwd 4.1 ms, bwd 10.6, helpers 2.4) vs 317 x 0.85 = 269 here.
+ATTENTION_KERNEL_CURVES = {
+    "fa2": ((512, 145.0), (1024, 208.0), (2048, 254.0), (4096, 282.0), (8192, 298.0), (16384, 302.0)),
+    "cudnn": ((512, 217.0), (1024, 317.0), (2048, 393.0), (4096, 448.0), (8192, 476.0), (16384, 486.0)),
+}
+ATTENTION_KERNELS = tuple(ATTENTION_KERNEL_CURVES)
+
+
+def _curve(points: tuple[tuple[int, float], ...], length: float) -> float:
+    if length <= points[0][0]:
+        return points[0][1]
+    for (l0, v0), (l1, v1) in zip(points, points[1:], strict=False):
+        if length <= l1:
+            x = (math.log2(length) - math.log2(l0)) / (math.log2(l1) - math.log2(l0))
+            return v0 + x * (v1 - v0)
+    return points[-1][1]
+
+
 # Memory-bound training kernels (norms, activations, residuals, loss, optimizer) stream at ~0.77 of the datasheet HBM
 # bandwidth: measured on one H200 in a GPT-2 124M training step profile, where the fused GELU kernels ran at ~1.3x
 # their traffic bound at 4.8 TB/s (docs/benchmarks.md, 6A fourth round, "What each part of the combined step could
@@ -104,9 +136,21 @@ class HardwareProfile:
 
     @property
     def attention_flops(self) -> float:
-        """Flash-attention forward+backward FLOP/s on the causal FLOPs actually executed."""
+        """Flash-attention forward+backward FLOP/s at long sequences, on the FLOPs the kernels execute: the causal half
+        of the scores, the backward counted as 2.5 forwards (it recomputes the scores; FlashAttention's own benchmark
+        convention, fwd+bwd = 3.5x forward)."""
         hw = self.hardware
         return (hw.attention_tflops_bf16 or DEFAULT_ATTENTION_EFFICIENCY * hw.peak_bf16_tflops) * 1e12
+
+    def attention_flops_at(self, length: float, kernel: str = "cudnn") -> float:
+        """Flash-attention fwd+bwd FLOP/s of ``kernel`` ("fa2" | "cudnn") at a kernel sequence length
+        (``ATTENTION_KERNEL_CURVES``, relative to FlashAttention-2's long-sequence rate ``attention_flops``)."""
+        if kernel not in ATTENTION_KERNEL_CURVES:
+            raise ValueError(f"attention_kernel: unknown kernel {kernel!r} (one of {', '.join(ATTENTION_KERNELS)})")
+        if not self.hardware.peak_fp8_tflops:  # no Hopper-class tensor cores: FlashAttention-2's curve
+            kernel = "fa2"
+        fa2 = ATTENTION_KERNEL_CURVES["fa2"]
+        return self.attention_flops * _curve(ATTENTION_KERNEL_CURVES[kernel], length) / fa2[-1][1]
 
     @property
     def stream_bytes_per_s(self) -> float:

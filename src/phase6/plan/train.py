@@ -25,6 +25,29 @@ from phase6.plan.memory import GIB, ParallelLayout, TrainMemory, TrainSetup, sta
 from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile
 
+GEMM_CALL_OVERHEAD_S = 6e-6
+"""Fixed time of one GEMM call beyond its FLOPs at the large-GEMM rate (compute_breakdown; XLA's H100 table)."""
+
+# Communication hidden behind compute is not free: NCCL's kernels occupy SMs (one CTA per channel) and HBM bandwidth
+# while the GEMMs run. Measured on A100, H100, MI250 and MI210 training GPT and Llama layers, compute overlapped with
+# communication runs on average 18.9% slower (max 40%) than alone (Lee et al. 2025, "Characterizing
+# Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114). With compute at
+# 1/(1 + k) of its speed while a collective of length C runs beside it, the step grows by C·k/(1 + k). That was
+# measured inside a node (NVLink / Infinity Fabric), where NCCL drives the most channels (one CTA = one SM each) and
+# HBM traffic; a collective on a slower fabric occupies fewer channels and moves fewer bytes per second, so its share
+# is scaled by its bus bandwidth over NVLink's (an approximation: ``CommTerm.contention``).
+OVERLAP_COMPUTE_SLOWDOWN = 0.189
+
+
+def overlap_penalty(hidden_s: float, contention: float = 1.0) -> float:
+    """Extra compute time caused by ``hidden_s`` seconds of communication running beside it."""
+    k = OVERLAP_COMPUTE_SLOWDOWN * contention
+    return max(0.0, hidden_s) * k / (1.0 + k)
+
+
+def _contention(profile: HardwareProfile, f: comm.Fabric) -> float:
+    return min(1.0, f.bandwidth_gbps / profile.intra.bandwidth_gbps)
+
 
 @dataclass
 class CommTerm:
@@ -42,6 +65,8 @@ class CommTerm:
     time_s: float
     exposed_s: float
     note: str = ""
+    contention: float = 1.0
+    """Share of ``OVERLAP_COMPUTE_SLOWDOWN`` its hidden part costs the compute beside it (fabric busbw / NVLink's)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,14 +119,20 @@ class StepPrediction:
     """The end-to-end compute efficiency given (``mfu=``); 0 when the kernel-level model was used."""
     breakdown: ComputeBreakdown | None = None
     optimizer_s: float = 0.0
+    overlap_s: float = 0.0
+    """Compute slowed by the communication hidden behind it (``overlap_penalty``)."""
 
     @property
     def comm_exposed_s(self) -> float:
         return sum(c.exposed_s for c in self.comm)
 
     @property
+    def comm_hidden_s(self) -> float:
+        return sum(c.time_s - c.exposed_s for c in self.comm)
+
+    @property
     def step_time_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.comm_exposed_s + self.optimizer_s
+        return self.compute_s + self.bubble_s + self.comm_exposed_s + self.optimizer_s + self.overlap_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -112,7 +143,12 @@ class StepPrediction:
         return self.model_flops_per_step / (self.step_time_s * self.layout.gpus * peak_flops)
 
     def dominant(self) -> str:
-        parts = {"compute": self.compute_s, "pipeline bubble": self.bubble_s, "optimizer step": self.optimizer_s}
+        parts = {
+            "compute": self.compute_s,
+            "pipeline bubble": self.bubble_s,
+            "optimizer step": self.optimizer_s,
+            "compute slowed by overlapped communication": self.overlap_s,
+        }
         for c in self.comm:
             parts[f"{c.dim} {c.op}"] = parts.get(f"{c.dim} {c.op}", 0.0) + c.exposed_s
         return max(parts, key=lambda k: parts[k])
@@ -132,6 +168,8 @@ class StepPrediction:
             share = 100 * c.exposed_s / step
             hidden = " hidden" if c.exposed_s < 0.05 * c.time_s else ""
             bits.append(f"{c.dim} {c.op} on {c.fabric}{hidden} {share:.0f}%")
+        if self.overlap_s:
+            bits.append(f"overlap slowdown {100 * self.overlap_s / step:.0f}%")
         return f"dominated by {self.dominant()}; " + ", ".join(bits)
 
 
@@ -216,11 +254,24 @@ def compute_breakdown(
     gemm_rate = profile.matmul_flops_fp8 if setup.fp8 else profile.matmul_flops
     body_flops = (6.0 + extra_mm) * layers * layer_mm * tokens_gpu
     head_flops = 6.0 * head_mm * tokens_gpu
-    last_gemm = (body_flops + head_flops) / (tp * gemm_rate)
-    first_gemm = body_flops / (tp * gemm_rate) if layout.pp > 1 else last_gemm
-    # 12·H·Q·T per token and layer counts the full score matrix; a causal flash kernel executes half of it.
-    attn_exec = 0.5 * 12.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
-    attention = attn_exec * (4 / 3 if attn_fwd_again else 1.0) / (tp * profile.attention_flops)
+    # Each GEMM call also pays a fixed ~6 us (prologue, pipeline fill, the last partial wave, epilogue) beyond its
+    # FLOPs at the large-GEMM rate: XLA's measured H100 (sm_90) bf16 matmul table (openxla
+    # xla/service/gpu/model/matmul_interpolator_data.h) fits t = FLOPs / 783 TF + 5-7 us for K >= 1024 (2048^3: 632 TF,
+    # 2048x1024x2048: 523 TF, 4096^3: 783 TF). Calls per block and micro-batch: 4 linear groups (QKV, out, up/gate,
+    # down) x (forward, dgrad, wgrad, + 1 forward with full AC, + 1/2 with selective AC); the head 3 per micro-batch.
+    m_steps = max(1, round(tokens_gpu / (setup.micro_batch * setup.seq_len / layout.cp)))
+    passes = 3.0 + extra_mm / 2.0
+    body_calls = 4 * passes * layers * m_steps
+    head_calls = 3 * m_steps
+    last_gemm = (body_flops + head_flops) / (tp * gemm_rate) + (body_calls + head_calls) * GEMM_CALL_OVERHEAD_S
+    first_gemm = body_flops / (tp * gemm_rate) + body_calls * GEMM_CALL_OVERHEAD_S if layout.pp > 1 else last_gemm
+    # Flash attention forward: 4·H·Q·T per token and layer for QK^T and PV over the full score matrix, half of it for
+    # a causal kernel; the backward recomputes the scores and runs 2.5x the forward (FlashAttention-2 §3.1.2; its
+    # benchmarks count fwd+bwd as 3.5 forwards, the convention of ``attention_flops``); full AC runs one more forward.
+    # The kernel sees the local chunk (T/cp) with context parallelism: its rate is ``attention_flops_at`` that length.
+    attn_fwd = 0.5 * 4.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
+    attn_rate = profile.attention_flops_at(setup.seq_len / layout.cp, setup.attention_kernel)
+    attention = attn_fwd * (3.5 + (1.0 if attn_fwd_again else 0.0)) / (tp * attn_rate)
     bw = profile.stream_bytes_per_s
     per_layer_bytes = elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
     elem = elem_passes * layers * per_layer_bytes * tokens_gpu / (tp * bw)
@@ -232,11 +283,15 @@ def compute_breakdown(
         q, k, h = model.q_dim, model.kv_dim, model.hidden_size
         f = model.expert_size * model.experts_per_token if model.is_moe else model.intermediate_size
         act = 5.0 * ((2 * h + q + f) + (q + 2 * k + 2 * h + 2 * f))
-        m_steps = max(1, round(tokens_gpu / (setup.micro_batch * setup.seq_len / layout.cp)))
         weights = 10.0 * layers * layer_mm * m_steps
         elem += (layers * act * tokens_gpu + weights) / (tp * bw)
-    # Loss: bf16 logits written, softmax + its gradient in fp32 (~16 B per vocab entry per token), vocab-parallel.
-    loss = 16.0 * model.vocab_size * tokens_gpu / (tp * bw)
+    # Loss (vocab-parallel), HBM bytes per vocab entry and token. Fused (llm.c's classifier, torch.compile, TE/Megatron
+    # --cross-entropy-loss-fusion): 16 B, which with the fused elementwise kernels matches this repo's H200 6A profile
+    # (inductor Triton kernels 34.1 ms vs 32 ms predicted). Unfused, counted from eager PyTorch's F.cross_entropy on
+    # logits.float(): cast 2+4, log_softmax 3x4 (max, sum, write), nll backward 4 (dense grad), log_softmax backward
+    # 3x4, cast back 4+2 = 40 B (Megatron's unfused vocab-parallel CE, the default, makes about as many fp32 passes).
+    fused_loss = setup.fused_elementwise if setup.fused_loss is None else setup.fused_loss
+    loss = (16.0 if fused_loss else 40.0) * model.vocab_size * tokens_gpu / (tp * bw)
     first = first_gemm + attention + elem
     last = last_gemm + attention + elem + loss
     if first > last:  # (only with a tiny vocab) report the first stage
@@ -313,9 +368,24 @@ def predict_train_step(
         n = layers * m * (2 * fwd_passes + 2)
         t, algo = comm.all_reduce_time(act_bytes, tp, f)
         total = n * t
-        if setup.tp_comm_overlap:  # each collective hides behind the neighbouring GEMM of the same block
-            exposed = max(0.0, total - gemm_per_layer_mb * layers * m)
-            note = "overlapped with the block's GEMMs (tp_comm_overlap / AsyncTP)"
+        if setup.tp_comm_overlap:
+            # Decomposed overlap (Wang et al. 2023, "Overlap Communication with Dependent Computation via
+            # Decomposition", ASPLOS; TE userbuffers, torch AsyncTP): a collective is split into tp chunks, each
+            # moved while the GEMM of another runs. An all-gather starts on the local chunk (nothing exposed); a
+            # reduce-scatter sends its last chunk after the last GEMM piece: 1/tp of it, half the collectives, stays
+            # exposed. Which passes are covered depends on the framework: TE (Megatron --tp-comm-overlap) overlaps
+            # forward and backward; torch AsyncTP fuses only forward (and recompute) patterns - in the backward graph
+            # the reduce-scatters take sums of matmuls, not one matmul (pytorch/pytorch#149946), and its authors
+            # report ~20% forward but ~8% end-to-end speedup on Llama 3 70B (PyTorch dev-discuss, "Introducing Async
+            # Tensor Parallelism in PyTorch", 2024).
+            n_cover = layers * m * (2 * fwd_passes + (2 if setup.tp_overlap_backward else 0))
+            covered = n_cover * t
+            tail = covered / (2 * tp)
+            window = gemm_per_layer_mb * layers * m * (covered / total)
+            exposed = (total - covered) + tail + max(0.0, covered - tail - window)
+            note = "overlapped with the block's GEMMs (tp_comm_overlap), 1/tp of each reduce-scatter exposed" + (
+                "" if setup.tp_overlap_backward else "; backward collectives exposed (AsyncTP: forward only)"
+            )
         else:
             exposed = total
             note = f"2/block fwd + 2 bwd{' + 2 recompute' if fwd_passes == 2 else ''}, not overlapped"
@@ -330,6 +400,7 @@ def predict_train_step(
                 total,
                 exposed,
                 note,
+                0.0,  # the decomposed transfers are peer copies (copy engines), not NCCL's SM-resident kernels
             )
         )
     if cp > 1:
@@ -356,6 +427,7 @@ def predict_train_step(
                 n * t_pass,
                 exposed,
                 "each pass overlaps 1/cp of the layer's attention",
+                _contention(profile, f),
             )
         )
     if ep > 1 and model.is_moe:  # dispatch + combine all-to-all per MoE layer, forward and backward
@@ -378,7 +450,9 @@ def predict_train_step(
         )
     # The pipeline bubble idles each stage for (p-1)/m (schedule-dependent) of its per-micro-batch time, which
     # includes that micro-batch's exposed TP/CP/EP communication.
-    in_mb = compute + sum(c.exposed_s for c in pred.comm)
+    # Compute slowed by the TP/CP/EP communication hidden inside each micro-batch: part of the per-micro-batch time.
+    pred.overlap_s = sum(overlap_penalty(c.time_s - c.exposed_s, c.contention) for c in pred.comm)
+    in_mb = compute + pred.comm_exposed_s + pred.overlap_s
     pred.bubble_s = in_mb * bubble_fraction(setup.pp_schedule, pp, m, setup.virtual_stages)
     if pp > 1:  # activation forward + its gradient backward, per micro-batch per stage boundary
         # One GPU talks to one peer: a boundary that leaves the node is one NIC (no multi-NIC ring aggregation);
@@ -492,6 +566,8 @@ def predict_train_step(
                     exposed_total * share,
                     f"ZeRO-{setup.zero} over {shard} ranks, overlapped with "
                     f"{'forward+backward' if setup.zero == 3 else 'the first forward / last backward'}",
+                    _contention(profile, f),
                 )
             )
+        pred.overlap_s += overlap_penalty(total - exposed_total, _contention(profile, f))
     return pred
