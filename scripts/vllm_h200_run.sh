@@ -25,7 +25,7 @@ el() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
 if [ -f "$carry/setup.tar.xz" ] && [ ! -d "$W/repo" ]; then
     mkdir -p "$W/repo"
-    tar --exclude=./.dev -cf - . | tar -xf - -C "$W/repo"
+    tar --exclude=./.dev --exclude=./.venv --exclude=./.venv-vllm --exclude=./.git -cf - . | tar -xf - -C "$W/repo"
     tar -xJf "$carry/setup.tar.xz" -C "$W"
     cp -r "$W/overlay/." "$W/repo/"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$W/site_p6" "$W"/p6whl/*.whl
@@ -44,7 +44,7 @@ fi
 
 case $step in
 tp)
-    export PYTHONPATH=$W/site_p6
+    export PYTHONPATH=$W/site_p6:$W/repo/src
     el "torch-tp sweep"
     timeout 330 python3 -m phase6 serve-bench -m experiment=gpu_h200_tp serve.model="$M" \
         serve.plan_model="$M/config.json" load.concurrency=1,16,64 run.dir="$W/runs/tp1" > "$OUT/tp.log" 2>&1
@@ -56,7 +56,7 @@ tp)
     el "6D hf rc=$?"
     ;;
 serve)
-    export PYTHONPATH=/tmp/site
+    export PYTHONPATH=/tmp/site:$W/repo/src
     python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -3
     el "vllm serve start"
     python3 -m vllm.entrypoints.cli.main serve "$M" --host 127.0.0.1 --port 8000 \
@@ -98,7 +98,7 @@ serve)
     el "done"
     ;;
 rollout)
-    export PYTHONPATH=/tmp/site
+    export PYTHONPATH=/tmp/site:$W/repo/src
     el "6D vllm row"
     timeout 330 python3 projects/6d_grpo/bench.py --part throughput --variants vllm --ablations '' \
         --out "$OUT/rollout_vllm.json" > "$OUT/rollout_vllm.log" 2>&1
