@@ -68,6 +68,34 @@ def planned_requests(overrides: list[str], offset: int) -> list[tuple[Any, list[
     return out
 
 
+def predict_uncalibrated(planned: list[Any], cfg: Any, setup: Any) -> tuple[list[dict[str, Any]], str]:
+    """Each planned run replayed on the generic vllm replica with the fleet config's own efficiencies (no fit): the
+    ``_sim`` columns ``phase6 fleet experiment=compare analysis.compare_calibrate=false analysis.compare_profile=vllm``
+    prints once those runs are measured. Returns (rows, replica description)."""
+    from phase6.fleet.compare import p50_ms, replay, replica_config
+
+    rows, desc = [], ""
+    for run in planned:
+        engine, limits, limits_src, prof = replica_config(run, cfg, setup, "vllm")
+        res = replay(setup, run, engine, limits)
+        ttft, tpot = p50_ms(res)
+        desc = f"{prof}; limits {limits_src}"
+        rows.append(
+            {
+                "tp": run.row["tp"],
+                "concurrency": run.concurrency,
+                "requests": len(run.input_tokens),
+                "mean_input_tokens": float(run.input_tokens.mean()),
+                "mean_output_tokens": float(run.output_tokens.mean()),
+                "ttft_p50_ms_sim": ttft,
+                "tpot_p50_ms_sim": tpot,
+                "throughput_tok_s_sim": float(res.output_tokens.sum()) / res.makespan_s,
+                "makespan_s_sim": res.makespan_s,
+            }
+        )
+    return rows, desc
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -121,33 +149,14 @@ def main(argv: list[str]) -> int:
     keys = ("tp", "concurrency", "requests", "mean_input_tokens", "mean_output_tokens", "ttft_p50_ms_sim")
     keys += ("tpot_p50_ms_sim", "throughput_tok_s_sim", "makespan_s_sim")
     if uncalibrated:
-        from phase6.fleet.compare import p50_ms, replay, replica_config
-
-        rows = []
-        for run in planned:
-            engine, limits, limits_src, desc = replica_config(run, fleet, setup, "vllm")
-            res = replay(setup, run, engine, limits)
-            ttft, tpot = p50_ms(res)
-            rows.append(
-                {
-                    "tp": run.row["tp"],
-                    "concurrency": run.concurrency,
-                    "requests": len(run.input_tokens),
-                    "mean_input_tokens": float(run.input_tokens.mean()),
-                    "mean_output_tokens": float(run.output_tokens.mean()),
-                    "ttft_p50_ms_sim": ttft,
-                    "tpot_p50_ms_sim": tpot,
-                    "throughput_tok_s_sim": float(res.output_tokens.sum()) / res.makespan_s,
-                    "makespan_s_sim": res.makespan_s,
-                }
-            )
-        print(f"engine profile vllm, uncalibrated: {desc}; limits {limits_src}")
+        rows, desc = predict_uncalibrated(planned, fleet, setup)
+        print(f"engine profile vllm, uncalibrated: {desc}")
         print(
-            f"planner efficiencies: prefill_mfu {engine.prefill_mfu}, decode_hbm_efficiency "
-            f"{engine.decode_hbm_efficiency}, step overhead {engine.step_overhead_ms} ms, prefill overhead "
-            f"{engine.prefill_overhead_ms} ms"
+            f"planner efficiencies: prefill_mfu {fleet.engine.prefill_mfu}, decode_hbm_efficiency "
+            f"{fleet.engine.decode_hbm_efficiency}, step overhead {fleet.engine.step_overhead_ms} ms, prefill overhead "
+            f"{fleet.engine.prefill_overhead_ms} ms"
         )
-        print(markdown_table(rows), end="")
+        print(markdown_table([{k: r[k] for k in keys} for r in rows]), end="")
         return 0
     for profile in ("auto", "vllm"):
         rows = predict_serve_bench(a.calibration, planned, fleet, setup, profile)

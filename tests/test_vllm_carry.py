@@ -130,3 +130,29 @@ def test_full_vocab_tokenizer() -> None:
         assert full.decode([i]).strip(), i
     assert len(set(full.convert_ids_to_tokens(list(range(len(small), 2000))))) == 2000 - len(small)
     assert json.loads(full.backend_tokenizer.to_str())["model"]["type"] == "BPE"
+
+
+def test_uncalibrated_prediction_equals_the_later_comparison(tmp_path: Path) -> None:
+    """scripts/fleet_predict.py ``none`` (an engine with no C=1 run yet, issue 19's blind vLLM prediction) prints the
+    ``_sim`` columns that the uncalibrated vllm-profile compare prints once the runs are measured."""
+    from test_fleet_compare import planted_sweep
+
+    from phase6.fleet.compare import compare_serve_bench, load_serve_bench, planned_run
+
+    predict = runpy.run_path(str(SCRIPTS / "fleet_predict.py"))["predict_uncalibrated"]
+    sweep, cfg, setup, _ = planted_sweep(tmp_path, profile={})
+    runs, _ = load_serve_bench(sweep)
+    serve = runs[0].config["serve"]
+    planned = [
+        planned_run(f"C={r.concurrency}", serve, 1, r.concurrency, r.input_tokens, r.output_tokens) for r in runs
+    ]
+    pred, desc = predict(planned, cfg, setup)
+    out, _ = compare_serve_bench(sweep, cfg, setup, calibrate_rows=False, profile="vllm")
+    assert desc.startswith("vllm (chunked prefill")
+    for p, o in zip(pred, out, strict=True):
+        assert (p["concurrency"], p["ttft_p50_ms_sim"], p["tpot_p50_ms_sim"], p["throughput_tok_s_sim"]) == (
+            o["concurrency"],
+            o["ttft_p50_ms_sim"],
+            o["tpot_p50_ms_sim"],
+            o["throughput_tok_s_sim"],
+        )
