@@ -16,6 +16,12 @@ prints in its ``_sim`` columns, as long as the server reports the same token cou
 calibration run's own requests and asserts they equal its requests.jsonl (prompt and output tokens, in order).
 Both engine profiles are printed (auto = the measured engine's own mechanics, the compare's default; vllm = the
 generic chunked-prefill replica).
+
+    python scripts/fleet_predict.py none --template-tokens 11 --model M --hardware h200 -- experiment=gpu_h200_vllm ...
+
+``none``: an engine never measured yet (no concurrency-1 run to calibrate on): the planner's own efficiencies
+(configs/fleet.yaml ``engine.*``: prefill MFU 0.5, decode HBM efficiency 0.7, no step or prefill overhead) on the
+vllm profile; ``--template-tokens`` = the tokens the server's chat template adds to each prompt.
 """
 
 from __future__ import annotations
@@ -62,6 +68,34 @@ def planned_requests(overrides: list[str], offset: int) -> list[tuple[Any, list[
     return out
 
 
+def predict_uncalibrated(planned: list[Any], cfg: Any, setup: Any) -> tuple[list[dict[str, Any]], str]:
+    """Each planned run replayed on the generic vllm replica with the fleet config's own efficiencies (no fit): the
+    ``_sim`` columns ``phase6 fleet experiment=compare analysis.compare_calibrate=false analysis.compare_profile=vllm``
+    prints once those runs are measured. Returns (rows, replica description)."""
+    from phase6.fleet.compare import p50_ms, replay, replica_config
+
+    rows, desc = [], ""
+    for run in planned:
+        engine, limits, limits_src, prof = replica_config(run, cfg, setup, "vllm")
+        res = replay(setup, run, engine, limits)
+        ttft, tpot = p50_ms(res)
+        desc = f"{prof}; limits {limits_src}"
+        rows.append(
+            {
+                "tp": run.row["tp"],
+                "concurrency": run.concurrency,
+                "requests": len(run.input_tokens),
+                "mean_input_tokens": float(run.input_tokens.mean()),
+                "mean_output_tokens": float(run.output_tokens.mean()),
+                "ttft_p50_ms_sim": ttft,
+                "tpot_p50_ms_sim": tpot,
+                "throughput_tok_s_sim": float(res.output_tokens.sum()) / res.makespan_s,
+                "makespan_s_sim": res.makespan_s,
+            }
+        )
+    return rows, desc
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -72,9 +106,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--hardware", required=True)
     p.add_argument("--check", action="store_true", help="verify the request rebuild on the C=1 run first")
+    p.add_argument("--template-tokens", type=int, default=None, help="chat-template tokens per prompt (with none)")
     a = p.parse_args(argv[:i])
     overrides = argv[i + 1 :]
-    offset = template_tokens(a.calibration)
+    uncalibrated = a.calibration == "none"
+    if uncalibrated and (a.template_tokens is None or a.check):
+        p.error("calibration 'none' needs --template-tokens and cannot --check")
+    offset = a.template_tokens if uncalibrated else template_tokens(a.calibration)
 
     from phase6.fleet.compare import load_serve_bench, planned_run, predict_serve_bench
     from phase6.fleet.run import build_setup
@@ -110,6 +148,16 @@ def main(argv: list[str]) -> int:
     ]
     keys = ("tp", "concurrency", "requests", "mean_input_tokens", "mean_output_tokens", "ttft_p50_ms_sim")
     keys += ("tpot_p50_ms_sim", "throughput_tok_s_sim", "makespan_s_sim")
+    if uncalibrated:
+        rows, desc = predict_uncalibrated(planned, fleet, setup)
+        print(f"engine profile vllm, uncalibrated: {desc}")
+        print(
+            f"planner efficiencies: prefill_mfu {fleet.engine.prefill_mfu}, decode_hbm_efficiency "
+            f"{fleet.engine.decode_hbm_efficiency}, step overhead {fleet.engine.step_overhead_ms} ms, prefill overhead "
+            f"{fleet.engine.prefill_overhead_ms} ms"
+        )
+        print(markdown_table([{k: r[k] for k in keys} for r in rows]), end="")
+        return 0
     for profile in ("auto", "vllm"):
         rows = predict_serve_bench(a.calibration, planned, fleet, setup, profile)
         print(f"\nengine profile {profile}: {rows[0]['engine_profile']}")

@@ -19,7 +19,11 @@ Parts (``--part``, comma-separated):
   naive = one padded ``model.generate``, dynamic cache, eager (TRL's ``use_vllm=False`` path);
   hf_static / hf_static_compiled = HFEngine(decode="generate"), static cache, eager / compiled decode step
   (torch.compile mode="reduce-overhead", i.e. CUDA graphs): the engine before the decode loop;
-  hf_loop = HFEngine's decode loop (phase6.rollout.hf_loop): the default engine.
+  hf_loop = HFEngine's decode loop (phase6.rollout.hf_loop): the default engine;
+  vllm = vLLM's offline ``LLM.generate`` on the same prompt ids, in-process as TRL's colocate mode runs it
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``--vllm-gpu-memory-utilization`` 0.3 = TRL's default), dummy weights of
+  the same architecture, ``min_tokens = max_tokens`` + ``ignore_eos``; needs vllm importable (on the lent H200:
+  scripts/vllm_carry.py). Run it in its own process (``--variants vllm``) or first: vLLM keeps its memory.
 - ablations: hf_loop with one fix turned off per row (``--ablations``), timed the same way: what each fix is worth
   (delta_ms_vs_hf_loop per token step).
 - ops: the two per-token operations the predictions single out, timed alone at the benchmark shape: one layer's
@@ -124,6 +128,81 @@ def gib(x: int) -> float:
     return round(x / 2**30, 1)
 
 
+def vllm_generate(args: argparse.Namespace, ids: list[list[int]]) -> tuple[Any, float, dict[str, Any]]:
+    """vLLM offline generation of ``ids`` at the bench shape: (output like RolloutOutput's timing fields, first-call
+    seconds, extra columns). In-process engine (TRL colocate); the second ``generate`` call is the timed one."""
+    import types
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+    import vllm
+    from vllm import LLM
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.inputs import TokensPrompt
+
+    # --cpu-check: vLLM's CPU attention needs head_dim >= 32; the check model gets head_dim 64
+    arch = QWEN25_15B | (CPU_CHECK_ARCH | {"hidden_size": 256, "intermediate_size": 512} if DEVICE == "cpu" else {})
+    tmp = Path(tempfile.mkdtemp(prefix="bench6d_vllm_"))
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        **arch,
+        "eos_token_id": EOS,
+        "pad_token_id": PAD,
+        "torch_dtype": "bfloat16",
+    }
+    (tmp / "config.json").write_text(json.dumps(config))
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=str(tmp),
+        load_format="dummy",
+        dtype="bfloat16",
+        skip_tokenizer_init=True,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        max_model_len=1024,
+        max_num_seqs=len(ids),
+        seed=0,
+    )
+    init_s = time.perf_counter() - t0
+    params = VSamplingParams(
+        max_tokens=args.new_tokens,
+        min_tokens=args.new_tokens,
+        ignore_eos=True,
+        temperature=1.0,
+        detokenize=False,
+        logprobs=0 if args.logprobs else None,
+    )
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in ids]
+    t0 = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    first = time.perf_counter() - t0
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    sync()
+    gen_s = time.perf_counter() - t0
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    if n != len(ids) * args.new_tokens:
+        raise RuntimeError(f"vllm generated {n} tokens, expected {len(ids) * args.new_tokens} (forced lengths)")
+    cache = llm.llm_engine.vllm_config.cache_config
+    extra = {
+        "init_s": round(init_s, 1),
+        "kv_cache_gib": round((cache.num_gpu_blocks or 0) * cache.block_size * kv_bytes_per_token(arch) / 2**30, 1),
+        "note": f"vllm {vllm.__version__} LLM.generate, in-process, gpu_memory_utilization "
+        f"{args.vllm_gpu_memory_utilization}, prefix caching {cache.enable_prefix_caching}",
+    }
+    out = types.SimpleNamespace(num_tokens=n, generate_s=gen_s, tokens_per_s=n / gen_s, logprob_s=None)
+    del llm
+    return out, first, extra
+
+
+def kv_bytes_per_token(arch: dict[str, Any]) -> int:
+    """K and V of every layer for one token in bf16."""
+    head_dim = arch["hidden_size"] // arch["num_attention_heads"]
+    return arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * head_dim * 2
+
+
 def bench_throughput(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The --variants rows and the --ablations rows (hf_loop with one fix off), each timed on its second call."""
     import torch
@@ -134,7 +213,11 @@ def bench_throughput(args: argparse.Namespace) -> tuple[list[dict[str, Any]], li
 
     ids = prompts(args.prompts, args.group)
     forced = SamplingParams(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, temperature=1.0)
-    shared = dummy_model(DEVICE)  # every row but the compiled ones (which keep compiled state on their model)
+    variants = [v for v in args.variants.split(",") if v]
+    # every HF row but the compiled ones (which keep compiled state on their model); not built for a vllm-only run,
+    # whose memory columns would otherwise carry this 2.9 GiB copy (the 2026-12-01 vllm row did)
+    need_shared = bool({"naive", "hf_loop"} & set(variants)) or bool(args.ablations.strip(","))
+    shared = dummy_model(DEVICE) if need_shared else None
     rows: list[dict[str, Any]] = []
     ablations: list[dict[str, Any]] = []
     base_ms: dict[str, float] = {}
@@ -180,11 +263,14 @@ def bench_throughput(args: argparse.Namespace) -> tuple[list[dict[str, Any]], li
         t = engine.last_timing
         return {"prefill_s": round(t["prefill_s"], 2), "graphs_captured": t["graphs_captured"]}
 
-    for name in [v for v in args.variants.split(",") if v]:
+    for name in variants:
         free_memory()
         start_mem = mem()[0]
         try:
-            if name == "naive":
+            if name == "vllm":
+                out, first, extra = vllm_generate(args, ids)
+                row(rows, name, out, first, start_mem, **extra)
+            elif name == "naive":
                 naive_generate(shared, ids[:8], SamplingParams(max_new_tokens=8), PAD, {EOS})  # CUDA/cuBLAS warm-up
                 out = naive_generate(shared, ids, forced, PAD, {EOS})
                 base_ms[name] = 1e3 * out.generate_s / args.new_tokens
@@ -523,7 +609,8 @@ DEFAULT_VARIANTS = "naive,hf_static_compiled,hf_loop"
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", default="throughput,ops,check", help=f"comma-separated of {PARTS}, or all")
-    p.add_argument("--variants", default=DEFAULT_VARIANTS, help="naive,hf_static,hf_static_compiled,hf_loop")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help="naive,hf_static,hf_static_compiled,hf_loop,vllm")
+    p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3, help="vllm row (TRL colocate default)")
     p.add_argument("--ablations", default=",".join(LOOP_ABLATIONS), help="hf_loop rows with one fix off ('' = none)")
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--group", type=int, default=8)
