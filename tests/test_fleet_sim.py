@@ -24,7 +24,7 @@ from phase6.plan.serve import ServeCostModel, serve_latency
 ROOT = Path(__file__).resolve().parents[1]
 HW = HardwareConfig(**yaml.safe_load((ROOT / "configs" / "hardware" / "h100_sxm.yaml").read_text()))
 SPEC = resolve_model("llama3.1-8b")
-ENG = EngineConfig(tp=2)
+ENG = EngineConfig(tp=2, decode_seq_ms=0.0)  # the planner exactly (the per-row term: test_fleet_interference)
 MODEL = planner_model(SPEC, HW, ENG)
 LIMITS = EngineLimits(max_num_seqs=64, max_batched_tokens=4096, kv_blocks=400)
 
@@ -95,8 +95,9 @@ def test_decode_runs_equal_per_token_stepping(topo: Topology, router: str) -> No
     """One event per batch change (closed-form decode runs, cut by arrivals) == one event per token."""
     w = shared_prefix_workload()
     lim = EngineLimits(32, 2048, 60)  # small KV: admissions wait and prefixes get evicted
-    a = simulate(w, MODEL, lim, topo, router, kv_transfer_s=xfer)
-    b = simulate(w, MODEL, lim, topo, router, kv_transfer_s=xfer, macro=False)
+    m = planner_model(SPEC, HW, dataclasses.replace(ENG, decode_seq_ms=0.3))  # with a per-row cost
+    a = simulate(w, m, lim, topo, router, kv_transfer_s=xfer)
+    b = simulate(w, m, lim, topo, router, kv_transfer_s=xfer, macro=False)
     assert a.events * 3 < b.events
     np.testing.assert_allclose(a.first_token_s, b.first_token_s, rtol=0, atol=1e-9)
     np.testing.assert_allclose(a.finish_s, b.finish_s, rtol=0, atol=1e-9)

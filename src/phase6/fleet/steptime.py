@@ -24,7 +24,7 @@ from phase6.config import HardwareConfig
 from phase6.config.fleet import EngineConfig
 from phase6.config.plan import EfficiencyConfig
 from phase6.fleet.engines import TorchTPEngine, TorchTPStepTime, kv_rows_blocks
-from phase6.fleet.interference import SerialKernelStepTime
+from phase6.fleet.interference import EngineStepTime
 from phase6.fleet.workload import BLOCK_TOKENS
 from phase6.plan.memory import serve_memory
 from phase6.plan.model import ModelSpec
@@ -146,20 +146,23 @@ def planner_model(
     spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig, tp: int | None = None
 ) -> ServeCostModel:
     """The planner's serving step-time model for one replica of ``tp`` (default ``engine.tp``) GPUs; mixed steps
-    priced as serial kernels (``phase6.fleet.interference``) unless ``engine.mixed_step=overlap``."""
+    priced as serial kernels (``phase6.fleet.interference``) unless ``engine.mixed_step=overlap``, plus
+    ``engine.decode_seq_ms`` per decode row of a step."""
     tp = engine.tp if tp is None else tp
     if tp > hardware.gpus_per_node:
         raise ValueError(
             f"engine.tp: {tp} exceeds hardware.gpus_per_node {hardware.gpus_per_node} (a replica is one node here)"
         )
-    cls = SerialKernelStepTime if engine.mixed_step == "serial" and engine.profile == "vllm" else ServeCostModel
-    return cls(
+    vllm = engine.profile == "vllm"
+    return EngineStepTime(
         spec,
         hardware,
         tp=tp,
         efficiency=efficiency(engine),
         weight_bytes=engine.bytes_per_param,
         kv_bytes=engine.kv_bytes_per_elem,
+        serial=engine.mixed_step == "serial" and vllm,
+        seq_s=engine.decode_seq_ms * 1e-3 if vllm else 0.0,  # torch-tp: per padded row, in TorchTPStepTime
     )
 
 
@@ -182,7 +185,8 @@ def build_step_model(
     serve-bench results.json."""
     tt = torch_tp_engine(engine)
     if tt is not None:
-        return TorchTPStepTime(planner_model(spec, hardware, engine), tt, new_shape_ms / 1e3, warm_shapes)
+        base = planner_model(spec, hardware, engine)
+        return TorchTPStepTime(base, tt, new_shape_ms / 1e3, warm_shapes, engine.decode_seq_ms / 1e3)
     if engine.step_time == "table":
         assert engine.table_path is not None and engine.table_input_tokens is not None
         return TableStepTime.from_serve_bench(engine.table_path, engine.table_input_tokens)
