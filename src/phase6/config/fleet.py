@@ -18,6 +18,7 @@ HOST_TIERS = ("local", "global")
 SIM_ENGINES = ("simpy", "heapq")
 KV_LINKS = ("internode", "nvlink")
 ENGINE_PROFILES = ("vllm", "torch-tp")
+KV_ALLOCS = ("incremental", "reserve")
 COMPARE_PROFILES = ("auto", "vllm")
 
 
@@ -164,6 +165,11 @@ class EngineConfig:
     """vllm profile: True = vLLM V1 (decodes first, prompts chunked into the rest of the budget); False = vLLM V0's
     default scheduler (the baselines of DistServe and Mooncake): whole prompts in prefill-only steps that pause the
     running decodes."""
+    kv_alloc: str = "incremental"
+    """vllm profile, colocated replicas: incremental = vLLM (a request is admitted on its prompt's KV blocks, takes a
+    block per 512 generated tokens, and when none is free the newest running request is preempted and later recomputes
+    prompt + generated tokens; phase6.fleet.preempt) | reserve = KV for the whole output reserved at admission, no
+    preemption (the earlier model)."""
     prefill_tp: int | None = None
     """PD: TP of the prefill pool's replicas (None = engine.tp); DistServe picks each phase's parallelism."""
     decode_tp: int | None = None
@@ -194,6 +200,7 @@ class EngineConfig:
         require(
             self.mixed_step in MIXED_STEPS, "engine.mixed_step", f"must be serial or overlap, got {self.mixed_step!r}"
         )
+        require(self.kv_alloc in KV_ALLOCS, "engine.kv_alloc", f"must be incremental or reserve, got {self.kv_alloc!r}")
         require(self.host_tier in HOST_TIERS, "engine.host_tier", f"must be local or global, got {self.host_tier!r}")
         require(self.host_kv_gib >= 0, "engine.host_kv_gib", f"must be >= 0, got {self.host_kv_gib}")
         require(self.host_link_gbps > 0, "engine.host_link_gbps", f"must be > 0, got {self.host_link_gbps}")
