@@ -221,6 +221,19 @@ def test_table_step_time_from_serve_bench(tmp_path: Path) -> None:
         TableStepTime.from_serve_bench(p, input_tokens=10)
 
 
+def test_table_step_time_with_measured_prefill_points() -> None:
+    """A measured profile (phase6.fleet.papers: Splitwise's) prices prefill by tokens in the step, linearly between
+    its points (superlinear where the profile is), and a step with decode rows adds the decode step at that batch."""
+    t = TableStepTime(0.0, [(1, 0.030), (64, 0.050)], "profile", [(512, 0.054), (2048, 0.134), (4096, 0.376)])
+    assert t.step_s(1024, 0.0, 0, 0) == pytest.approx(0.054 + 0.080 * 512 / 1536)
+    assert t.step_s(3072, 0.0, 0, 0) == pytest.approx(0.255)
+    assert t.step_s(100, 0.0, 0, 0) == pytest.approx(0.054)  # flat below the first point
+    assert t.step_s(2048, 0.0, 64, 10_000) == pytest.approx(0.134 + 0.050)
+    assert t.step_s(0, 0.0, 64, 10_000) == pytest.approx(0.050)
+    with pytest.raises(ValueError, match="prefill points"):
+        TableStepTime(0.0, [(1, 0.03)], "bad", [(0, 0.01)])
+
+
 def test_pd_prefill_replica_resumes_when_transfers_free_its_kv() -> None:
     """Saturated decode pool: prefill KV stays held until the decode side has room; a prefill replica blocked on that
     KV must restart when a transfer frees it (regression: it idled forever and requests never finished)."""
