@@ -359,6 +359,12 @@ def test_incremental_kv_preempts_by_recompute_and_runs_equal_per_token_stepping(
     np.testing.assert_allclose(a.first_token_s, b.first_token_s, rtol=0, atol=1e-9)
     np.testing.assert_allclose(a.finish_s, b.finish_s, rtol=0, atol=1e-9)
     assert np.all(np.isfinite(a.finish_s)) and np.all(a.finish_s > a.first_token_s)
+    # long prompts in several chunks: requests are also preempted while prefilling, before their first token
+    w2 = synthetic(200, 10.0, [RequestClass(1.0, 1500, 3000, 400, 1200)], 4)
+    c = simulate(w2, MODEL, EngineLimits(64, 256, 24, incremental_kv=True), Topology(colocated=2), "least_loaded")
+    d = simulate(w2, MODEL, EngineLimits(64, 256, 24, incremental_kv=True), Topology(2), "least_loaded", macro=False)
+    assert c.preemptions > 0 and np.all(np.isfinite(c.first_token_s)) and np.all(c.finish_s > c.first_token_s)
+    np.testing.assert_allclose(c.finish_s, d.finish_s, rtol=0, atol=1e-9)
     tail, _ = a.token_gaps
     assert np.all(np.isfinite(tail[a.output_tokens > 2]))
     res = simulate(w, MODEL, EngineLimits(64, 4096, 40), Topology(colocated=2), "least_loaded")

@@ -97,7 +97,7 @@ def preempt(rep: Any, r: Any, now: float) -> None:
         r.last_tok = now if done else sim.first[r.i]
         r.n_in += g
         r.n_out -= g
-    r.resumed = True
+        r.resumed = True  # (a request preempted before its first token just starts over)
     r.blocks = -(-r.n_in // BLOCK_TOKENS)
     r.pending = r.n_in
     rep.queued_prefill_tokens += r.n_in
