@@ -54,10 +54,12 @@ def next_growth(rep: Any) -> int | None:
     return h[0][0] if h else None
 
 
-def grow(rep: Any, now: float) -> None:
+def grow(rep: Any, now: float) -> int:
     """Start of a step: give every request whose next token starts a new block that block, preempting the most
-    recently admitted running requests while none is free."""
+    recently admitted running requests while none is free; returns how many were preempted (a step that preempted
+    admits no waiting request: vLLM V1 schedules the waiting queue only when it preempted nothing)."""
     h, cache = rep.bheap, rep.cache
+    n = 0
     while h and h[0][0] <= rep.steps:
         at, _, gen, r = heapq.heappop(h)
         if gen != r.bgen:
@@ -65,12 +67,14 @@ def grow(rep: Any, now: float) -> None:
         while not cache.acquire((), 0, 1):
             victim = max(rep.running(), key=_admitted)
             preempt(rep, victim, now)
+            n += 1
             if victim is r:
                 break
         else:
             r.held += 1
             r.private += 1
             _push(rep, r)
+    return n
 
 
 def _admitted(r: Any) -> int:

@@ -153,8 +153,7 @@ class Replica:
 
     def _start_step(self, now: float) -> None:
         self.run_dec, self.load_s = True, 0.0
-        if self.bheap and self.bheap[0][0] <= self.steps:
-            grow(self, now)  # requests starting a new KV block this step take it (preempting if none is free)
+        preempted = grow(self, now) if self.bheap and self.bheap[0][0] <= self.steps else 0  # new KV blocks
         if self.padded:
             self._start_step_padded(now)
             return
@@ -186,7 +185,7 @@ class Replica:
             p_tokens += c
             budget -= c
             chunks.append((r, c))
-        while budget > 0 and self.waiting and len(self.prefilling) + self.n_dec < self.max_seqs:
+        while not preempted and budget > 0 and self.waiting and len(self.prefilling) + self.n_dec < self.max_seqs:
             r = self._admit_head(now)
             if r is None:
                 break
