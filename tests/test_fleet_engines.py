@@ -32,7 +32,9 @@ HW = HardwareConfig(**yaml.safe_load((CONFIG_DIR / "hardware" / "h200.yaml").rea
 QWEN14 = Path(__file__).parent / "data" / "serve_bench_sweep_h200" / "qwen2.5-14b_config.json"
 SPEC = model_spec(str(QWEN14))
 TT = dict(max_num_seqs=64, max_batched_tokens=16384, max_model_len=4096, cuda_graphs=True)
-ENG = EngineConfig(tp=1, profile="torch-tp", step_overhead_ms=5.0, prefill_overhead_ms=100.0, prefill_mfu=0.5, **TT)
+ENG = EngineConfig(
+    tp=1, profile="torch-tp", step_overhead_ms=5.0, prefill_overhead_ms=100.0, prefill_mfu=0.5, decode_seq_ms=0.0, **TT
+)
 
 
 def model(**kw: object) -> TorchTPStepTime:

@@ -22,7 +22,7 @@ from phase6.fleet.interference import SerialKernelStepTime
 from phase6.fleet.papers import setup_for
 from phase6.fleet.sessions import concentration_warning, replica_share, session_keys
 from phase6.fleet.sim import EngineLimits, Topology, simulate
-from phase6.fleet.steptime import planner_model
+from phase6.fleet.steptime import build_step_model, planner_model
 from phase6.fleet.tokens import token_gap_total
 from phase6.fleet.workload import RequestClass, Workload, load_mooncake, synthetic
 from phase6.plan.model import resolve_model
@@ -132,10 +132,12 @@ def test_tbt_slo_makes_stalled_requests_bad() -> None:
 def test_serial_mixed_step_adds_the_decode_kv_read() -> None:
     hw = HardwareConfig(**yaml.safe_load((CONFIG_DIR / "hardware" / "a100_80gb.yaml").read_text()))
     spec = resolve_model("llama3.1-70b")
-    eng = EngineConfig(tp=8)
+    eng = EngineConfig(tp=8, decode_seq_ms=0.0)
     serial = planner_model(spec, hw, eng)
     over = planner_model(spec, hw, dataclasses.replace(eng, mixed_step="overlap"))
-    assert isinstance(serial, SerialKernelStepTime) and type(over) is ServeCostModel
+    assert isinstance(serial, SerialKernelStepTime) and serial.serial and not over.serial
+    plain = ServeCostModel(spec, hw, tp=8, efficiency=over.eff)
+    assert over.step_s(300, 300 * 301 / 2, 40, 40 * 900) == plain.step_s(300, 300 * 301 / 2, 40, 40 * 900)
     p, pairs, d, ctx = 8192, 8192 * 8193 / 2, 100, 100 * 12_000
     kv_read = serial.kv_bytes_per_token * ctx / serial.bytes_per_s
     # the issue's example: the mixed step costs the GEMMs over all p + d tokens, the chunk's attention and the
@@ -228,3 +230,23 @@ def test_papers_claim_verdicts_and_splitwise_slo() -> None:
     alone = setup_for(SPEC, HW, ENG)
     assert splitwise_meets(st.run(w.at_rate(0.5), Topology(prefill=1, decode=1), "least_loaded"), alone)
     assert not splitwise_meets(st.run(w.at_rate(200.0), Topology(prefill=1, decode=1), "least_loaded"), alone)
+
+
+def test_decode_seq_cost_is_per_row_of_every_step() -> None:
+    """engine.decode_seq_ms adds rows x cost to every step and decode run (vllm profile), and to every padded row of a
+    torch-tp CUDA-graph decode (58 running rows compute the 64-row graph)."""
+    hw = HardwareConfig(**yaml.safe_load((CONFIG_DIR / "hardware" / "h200.yaml").read_text()))
+    spec = resolve_model("llama3.1-8b")
+    eng0 = EngineConfig(tp=1, decode_seq_ms=0.0)
+    eng = dataclasses.replace(eng0, decode_seq_ms=0.25)
+    m0, m = planner_model(spec, hw, eng0), planner_model(spec, hw, eng)
+    for args in ((0, 0.0, 58, 58 * 700), (512, 512 * 513 / 2, 58, 58 * 700), (512, 512 * 513 / 2, 0, 0)):
+        assert m.step_s(*args) - m0.step_s(*args) == pytest.approx(args[2] * 0.25e-3, abs=1e-12)
+    assert m.decode_run_s(58, 58 * 700, 9) - m0.decode_run_s(58, 58 * 700, 9) == pytest.approx(9 * 58 * 0.25e-3)
+    tt = dict(profile="torch-tp", cuda_graphs=True, max_num_seqs=64, max_batched_tokens=16384)
+    t0 = build_step_model(spec, hw, dataclasses.replace(eng0, **tt))
+    t1 = build_step_model(spec, hw, dataclasses.replace(eng, **tt))
+    assert t1.padded_step_s(0, 0, 58, 700) - t0.padded_step_s(0, 0, 58, 700) == pytest.approx(64 * 0.25e-3)
+    assert t1.padded_decode_run_s(58, 700, 5) - t0.padded_decode_run_s(58, 700, 5) == pytest.approx(5 * 64 * 0.25e-3)
+    with pytest.raises(ValueError, match="engine.decode_seq_ms"):
+        EngineConfig(decode_seq_ms=-1.0)

@@ -24,7 +24,7 @@ from phase6.plan.serve import ServeCostModel, serve_latency
 ROOT = Path(__file__).resolve().parents[1]
 HW = HardwareConfig(**yaml.safe_load((ROOT / "configs" / "hardware" / "h100_sxm.yaml").read_text()))
 SPEC = resolve_model("llama3.1-8b")
-ENG = EngineConfig(tp=2)
+ENG = EngineConfig(tp=2, decode_seq_ms=0.0)  # the planner exactly (the per-row term: test_fleet_interference)
 MODEL = planner_model(SPEC, HW, ENG)
 LIMITS = EngineLimits(max_num_seqs=64, max_batched_tokens=4096, kv_blocks=400)
 
@@ -95,8 +95,9 @@ def test_decode_runs_equal_per_token_stepping(topo: Topology, router: str) -> No
     """One event per batch change (closed-form decode runs, cut by arrivals) == one event per token."""
     w = shared_prefix_workload()
     lim = EngineLimits(32, 2048, 60)  # small KV: admissions wait and prefixes get evicted
-    a = simulate(w, MODEL, lim, topo, router, kv_transfer_s=xfer)
-    b = simulate(w, MODEL, lim, topo, router, kv_transfer_s=xfer, macro=False)
+    m = planner_model(SPEC, HW, dataclasses.replace(ENG, decode_seq_ms=0.3))  # with a per-row cost
+    a = simulate(w, m, lim, topo, router, kv_transfer_s=xfer)
+    b = simulate(w, m, lim, topo, router, kv_transfer_s=xfer, macro=False)
     assert a.events * 3 < b.events
     np.testing.assert_allclose(a.first_token_s, b.first_token_s, rtol=0, atol=1e-9)
     np.testing.assert_allclose(a.finish_s, b.finish_s, rtol=0, atol=1e-9)
@@ -220,6 +221,19 @@ def test_table_step_time_from_serve_bench(tmp_path: Path) -> None:
         TableStepTime.from_serve_bench(p, input_tokens=10)
 
 
+def test_table_step_time_with_measured_prefill_points() -> None:
+    """A measured profile (phase6.fleet.papers: Splitwise's) prices prefill by tokens in the step, linearly between
+    its points (superlinear where the profile is), and a step with decode rows adds the decode step at that batch."""
+    t = TableStepTime(0.0, [(1, 0.030), (64, 0.050)], "profile", [(512, 0.054), (2048, 0.134), (4096, 0.376)])
+    assert t.step_s(1024, 0.0, 0, 0) == pytest.approx(0.054 + 0.080 * 512 / 1536)
+    assert t.step_s(3072, 0.0, 0, 0) == pytest.approx(0.255)
+    assert t.step_s(100, 0.0, 0, 0) == pytest.approx(0.054)  # flat below the first point
+    assert t.step_s(2048, 0.0, 64, 10_000) == pytest.approx(0.134 + 0.050)
+    assert t.step_s(0, 0.0, 64, 10_000) == pytest.approx(0.050)
+    with pytest.raises(ValueError, match="prefill points"):
+        TableStepTime(0.0, [(1, 0.03)], "bad", [(0, 0.01)])
+
+
 def test_pd_prefill_replica_resumes_when_transfers_free_its_kv() -> None:
     """Saturated decode pool: prefill KV stays held until the decode side has room; a prefill replica blocked on that
     KV must restart when a transfer frees it (regression: it idled forever and requests never finished)."""
@@ -330,3 +344,33 @@ def test_fast_paths_equal_straightforward_versions(topo: Topology, router: str, 
         assert np.array_equal(getattr(fast, key), getattr(ref, key)), key
     assert fast.evictions == ref.evictions > 100 and fast.events == ref.events
     assert fast.prefix_hit_rate > 0.1
+
+
+def test_incremental_kv_preempts_by_recompute_and_runs_equal_per_token_stepping() -> None:
+    """engine.kv_alloc=incremental (vLLM): prompts admitted on their prompt blocks, KV grows per token, and when a
+    block is missing the newest request is preempted and recomputed. Closed-form runs == one event per token; with
+    ample KV nothing is preempted and TPOT equals the reserving model's; under pressure requests are preempted,
+    every one still finishes with its own token count, and reserving whole outputs admits later (higher TTFT)."""
+    w = synthetic(300, 20.0, [RequestClass(1.0, 300, 1200, 200, 900)], 3)
+    inc = EngineLimits(64, 4096, 40, incremental_kv=True)
+    a = simulate(w, MODEL, inc, Topology(colocated=2), "least_loaded")
+    b = simulate(w, MODEL, inc, Topology(colocated=2), "least_loaded", macro=False)
+    assert a.preemptions > 0 and a.preemptions == b.preemptions
+    np.testing.assert_allclose(a.first_token_s, b.first_token_s, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(a.finish_s, b.finish_s, rtol=0, atol=1e-9)
+    assert np.all(np.isfinite(a.finish_s)) and np.all(a.finish_s > a.first_token_s)
+    # long prompts in several chunks: requests are also preempted while prefilling, before their first token
+    w2 = synthetic(200, 10.0, [RequestClass(1.0, 1500, 3000, 400, 1200)], 4)
+    c = simulate(w2, MODEL, EngineLimits(64, 256, 24, incremental_kv=True), Topology(colocated=2), "least_loaded")
+    d = simulate(w2, MODEL, EngineLimits(64, 256, 24, incremental_kv=True), Topology(2), "least_loaded", macro=False)
+    assert c.preemptions > 0 and np.all(np.isfinite(c.first_token_s)) and np.all(c.finish_s > c.first_token_s)
+    np.testing.assert_allclose(c.finish_s, d.finish_s, rtol=0, atol=1e-9)
+    tail, _ = a.token_gaps
+    assert np.all(np.isfinite(tail[a.output_tokens > 2]))
+    res = simulate(w, MODEL, EngineLimits(64, 4096, 40), Topology(colocated=2), "least_loaded")
+    assert res.preemptions == 0 and np.median(res.ttft_s) > np.median(a.ttft_s)
+    roomy = [
+        simulate(w, MODEL, EngineLimits(64, 4096, 4000, incremental_kv=k), Topology(2), "least_loaded") for k in (0, 1)
+    ]
+    assert roomy[1].preemptions == 0
+    np.testing.assert_allclose(roomy[0].finish_s, roomy[1].finish_s, rtol=0, atol=1e-9)

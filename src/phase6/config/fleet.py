@@ -18,6 +18,7 @@ HOST_TIERS = ("local", "global")
 SIM_ENGINES = ("simpy", "heapq")
 KV_LINKS = ("internode", "nvlink")
 ENGINE_PROFILES = ("vllm", "torch-tp")
+KV_ALLOCS = ("incremental", "reserve")
 COMPARE_PROFILES = ("auto", "vllm")
 
 
@@ -134,6 +135,11 @@ class EngineConfig:
     """Planner: fixed per-step cost (scheduler, sampling, launches), ms. Default: the value measured on phase6's own
     engine, TPOT at C=1 minus the weight read, 4.46 / 4.95 ms at TP=1 / 2 on one H200 (docs/benchmarks.md,
     "Validation on the compiled-prefill engine"); `analysis.compare_with` refits it on a serve-bench run."""
+    decode_seq_ms: float = 0.06
+    """Cost of each decode row a step carries, ms, on top of the roofline (torch-tp: each row of the padded CUDA-graph
+    batch). Default: measured on phase6's torch-tp engine on one H200, decode-only steps at 16-64 rows vs the
+    roofline, least squares 0.059 ms per row (docs/fleet.md "Step time"); engines of the vLLM 0.2 era pay ~0.3 ms
+    (Splitwise's measured A100/H100 profile; ``experiment=papers`` states where it uses that)."""
     prefill_overhead_ms: float = 0.0
     """Planner: extra fixed cost of a step that prefills, ms (plan EfficiencyConfig.prefill_overhead_ms); calibrate
     from the TTFT-vs-prompt-length line of a serve-bench run at C=1."""
@@ -159,6 +165,11 @@ class EngineConfig:
     """vllm profile: True = vLLM V1 (decodes first, prompts chunked into the rest of the budget); False = vLLM V0's
     default scheduler (the baselines of DistServe and Mooncake): whole prompts in prefill-only steps that pause the
     running decodes."""
+    kv_alloc: str = "incremental"
+    """vllm profile, colocated replicas: incremental = vLLM (a request is admitted on its prompt's KV blocks, takes a
+    block per 512 generated tokens, and when none is free the newest running request is preempted and later recomputes
+    prompt + generated tokens; phase6.fleet.preempt) | reserve = KV for the whole output reserved at admission, no
+    preemption (the earlier model)."""
     prefill_tp: int | None = None
     """PD: TP of the prefill pool's replicas (None = engine.tp); DistServe picks each phase's parallelism."""
     decode_tp: int | None = None
@@ -184,10 +195,12 @@ class EngineConfig:
             "engine.profile",
             "torch-tp shapes the planner's step times (engine.step_time=planner), not a measured table",
         )
+        require(self.decode_seq_ms >= 0, "engine.decode_seq_ms", f"must be >= 0 ms, got {self.decode_seq_ms}")
         require(self.max_model_len >= 2, "engine.max_model_len", f"must be >= 2, got {self.max_model_len}")
         require(
             self.mixed_step in MIXED_STEPS, "engine.mixed_step", f"must be serial or overlap, got {self.mixed_step!r}"
         )
+        require(self.kv_alloc in KV_ALLOCS, "engine.kv_alloc", f"must be incremental or reserve, got {self.kv_alloc!r}")
         require(self.host_tier in HOST_TIERS, "engine.host_tier", f"must be local or global, got {self.host_tier!r}")
         require(self.host_kv_gib >= 0, "engine.host_kv_gib", f"must be >= 0, got {self.host_kv_gib}")
         require(self.host_link_gbps > 0, "engine.host_link_gbps", f"must be > 0, got {self.host_link_gbps}")

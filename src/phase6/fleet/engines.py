@@ -109,8 +109,11 @@ class TorchTPStepTime:
 
     step(n prompts of padded width w, d running rows whose longest context is c) =
         step_overhead
-        + [d > 0] forward(R tokens, R·K pairs, R·K KV tokens read)       (R, K) = decode_shape(d, c)
+        + [d > 0] (forward(R tokens, R·K pairs, R·K KV tokens read) + R·row_s)   (R, K) = decode_shape(d, c)
         + [n > 0] (forward(n·w tokens, n·w² pairs, 0) + prefill_overhead + [(n, w) new] new_shape_s)
+
+    ``row_s`` (``engine.decode_seq_ms``): the cost of each row the decode forward computes (the padded batch under
+    CUDA graphs), which the roofline lacks (``phase6.fleet.interference``).
 
     ``warm_shapes``: the (prompts, width) prefill shapes the server process ran before the simulated run (earlier
     runs on the same server); a replica starts with them and adds each shape it runs.
@@ -122,10 +125,12 @@ class TorchTPStepTime:
         engine: TorchTPEngine,
         new_shape_s: float = 0.0,
         warm_shapes: frozenset[tuple[int, int]] = frozenset(),
+        row_s: float = 0.0,
     ) -> None:
-        if new_shape_s < 0:
-            raise ValueError(f"torch-tp: the new-shape cost must be >= 0, got {new_shape_s}")
+        if new_shape_s < 0 or row_s < 0:
+            raise ValueError(f"torch-tp: the new-shape and per-row costs must be >= 0, got {new_shape_s}, {row_s}")
         self.base, self.engine = base, engine
+        self.row_s = row_s
         self.new_shape_s = new_shape_s
         self.warm_shapes = frozenset(warm_shapes)
         self._decode: dict[tuple[int, int], float] = {}
@@ -136,7 +141,7 @@ class TorchTPStepTime:
         t = self._decode.get(shape)
         if t is None:
             r, k = shape
-            t = self._decode[shape] = self.base.forward_s(r, float(r * k), r * k)
+            t = self._decode[shape] = self.base.forward_s(r, float(r * k), r * k) + r * self.row_s
         return t
 
     def prefill_forward_s(self, prompts: int, width: int) -> float:
@@ -165,7 +170,7 @@ class TorchTPStepTime:
         if d <= 0 or k <= 0:
             return 0.0
         if not self.engine.cuda_graphs:
-            return self.base.decode_run_s(d, d * c, k)  # step j: d tokens, d·(c + j) pairs and KV tokens
+            return self.base.decode_run_s(d, d * c, k) + k * d * self.row_s  # step j: d tokens, d·(c + j) pairs, KV
         kv = self.engine.kv_buckets
         if c + k - 1 > kv[-1]:
             raise ValueError(f"torch-tp: a decode run reaches context {c + k - 1} > --max-model-len {kv[-1]}")

@@ -17,20 +17,42 @@ in the step's cost but in who waits for it: every decode row's next token waits 
 the per-token gaps (``phase6.fleet.tokens``) report and the TBT SLO scores.
 
 ``engine.mixed_step=overlap`` keeps the planner's max (the earlier behaviour).
+
+Per-sequence decode cost (``engine.decode_seq_ms``, issue 23): every step also costs ``decode_seq_ms`` per decode row
+it carries, a term the roofline lacks (it sees a decode row only as one more GEMM row, nearly free while the weights
+dominate, and as its KV read). Measured on phase6's torch-tp engine (H200, docs/benchmarks.md "C=64 diagnosis"):
+decode-only steps run 1.5-4.3 ms longer than the roofline at 16-64 rows, in proportion to the rows the CUDA graph
+computes, while the KV-length bucket (1024 vs 1536 tokens at 64 rows) moves the step by <= 0.5 ms, less than the
+roofline's own KV term: the missing cost is per row, not per KV byte (least squares over the six loaded cells:
+0.059 ms per row). Engines of the vLLM 0.2 era paid far more per sequence (Python scheduling, block tables and
+sampling per sequence): Splitwise's measured profile (Mutinifni/splitwise-sim ``data/perf_model.csv``, Llama2-70B
+TP8, prompt 512) grows 0.32 ms (A100) / 0.28 ms (H100) per sequence from batch 1 to 32 with KV reads that the
+roofline prices at < 0.02 ms per sequence.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from phase6.plan.serve import ServeCostModel
 
 
-class SerialKernelStepTime(ServeCostModel):
-    """``ServeCostModel`` with mixed steps priced as serial kernel classes (module docstring); a step without decode
-    rows or without prefill tokens, and every decode-only run, costs exactly the planner's."""
+class EngineStepTime(ServeCostModel):
+    """``ServeCostModel`` plus what an engine adds to its roofline: ``seq_s`` seconds per decode row of a step
+    (``engine.decode_seq_ms``), and, with ``serial``, mixed steps priced as serial kernel classes (module
+    docstring). With ``serial=False`` and ``seq_s=0`` it is exactly the planner's model; a step without decode rows or
+    without prefill tokens costs the planner's plus the rows' term."""
+
+    def __init__(self, *args: Any, serial: bool = True, seq_s: float = 0.0, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        if seq_s < 0:
+            raise ValueError(f"engine.decode_seq_ms: must be >= 0, got {seq_s * 1e3}")
+        self.serial, self.seq_s = serial, seq_s
 
     def step_s(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx: int) -> float:
-        if prefill_tokens <= 0 or decode_seqs <= 0:
-            return super().step_s(prefill_tokens, prefill_pairs, decode_seqs, decode_ctx)
+        rows = decode_seqs * self.seq_s
+        if not self.serial or prefill_tokens <= 0 or decode_seqs <= 0:
+            return super().step_s(prefill_tokens, prefill_pairs, decode_seqs, decode_ctx) + rows
         tokens = prefill_tokens + decode_seqs
         per = self._per_tokens.get(tokens) or self._tokens_terms(tokens)
         linear = max(per[0] / self.flops_per_s, per[2] / self.bytes_per_s)
@@ -38,4 +60,12 @@ class SerialKernelStepTime(ServeCostModel):
         attn += (
             max(self.kv_bytes_per_token / self.bytes_per_s, self.attn_flops_per_pair / self.flops_per_s) * decode_ctx
         )
-        return linear + attn + per[5] + self.prefill_overhead_s
+        return linear + attn + per[5] + self.prefill_overhead_s + rows
+
+    def decode_run_s(self, decode_seqs: int, decode_ctx: int, num_steps: int) -> float:
+        t = super().decode_run_s(decode_seqs, decode_ctx, num_steps)
+        return t + num_steps * decode_seqs * self.seq_s if decode_seqs > 0 and num_steps > 0 else t
+
+
+SerialKernelStepTime = EngineStepTime
+"""The earlier name (serial mixed steps, no per-row term by default)."""

@@ -35,7 +35,7 @@ from phase6.fleet.analysis import max_rate_within_slo, summarize
 from phase6.fleet.results import Topology
 from phase6.fleet.setup import FleetSetup
 from phase6.fleet.sim import EngineLimits
-from phase6.fleet.steptime import build_step_model, kv_capacity_blocks
+from phase6.fleet.steptime import TableStepTime, build_step_model, kv_capacity_blocks
 from phase6.fleet.workload import RequestClass, Workload, load_azure, load_mooncake, synthetic
 from phase6.plan.model import ModelSpec, resolve_model
 
@@ -55,6 +55,40 @@ OPT_66B = {
     "vocab_size": 50272,
     "n_positions": 2048,
 }
+
+
+SPLITWISE_PROFILE = {
+    # The engine Splitwise profiled (Mutinifni/splitwise-sim data/perf_model.csv: Llama2-70B, TP8, medians of 5 runs),
+    # the step times its simulator runs on. Prefill: (tokens in the step = prompt x batch, ms), bs 1 at prompts
+    # 128-8192 and prompt 512 at bs 2-64 (grouped by tokens, as splitwise-sim does). Decode: (batch, ms per token) at
+    # prompt 512, 128 tokens. Used as measured tables (phase6.fleet.steptime.TableStepTime) for the Splitwise row.
+    "a100_80gb": {
+        "prefill": [(128, 65.3), (256, 66.8), (512, 93.0), (1024, 160.9), (2048, 282.7), (4096, 708.4),
+                    (8192, 1781.0), (16384, 3524.5), (32768, 7554.0)],
+        "decode": [(1, 44.85), (2, 44.56), (4, 45.79), (8, 46.47), (16, 50.44), (32, 53.02), (64, 71.61)],
+    },
+    "h100_sxm": {
+        "prefill": [(128, 58.2), (256, 51.7), (512, 53.9), (1024, 77.7), (2048, 134.4), (4096, 376.2),
+                    (8192, 831.5), (16384, 1551.7), (32768, 2936.3)],
+        "decode": [(1, 29.76), (2, 30.26), (4, 31.79), (8, 32.5), (16, 34.17), (32, 38.62), (64, 50.16)],
+    },
+}  # fmt: skip
+ERA_DECODE_SEQ_MS = 0.225
+"""Per-sequence decode cost of that 2023 engine on A100: batch 1 -> 32 token time 44.85 -> 53.02 ms against the
+planner's roofline for Llama-3.1-70B TP8 without overheads (17.67 -> 18.86 ms): (8.17 - 1.19) / 31 ms per sequence
+(H100: 0.261). The vLLM 0.2 era's engines paid this in Python scheduling, block tables and sampling per sequence;
+DistServe's vLLM baseline gets it (labelled in its rows)."""
+
+
+def profile_model(hw: str) -> TableStepTime:
+    """Splitwise's profiled engine on ``hw`` as a measured step-time table."""
+    p = SPLITWISE_PROFILE[hw]
+    return TableStepTime(
+        0.0,
+        [(b, ms / 1e3) for b, ms in p["decode"]],
+        f"splitwise-sim perf_model.csv ({hw})",
+        [(n, ms / 1e3) for n, ms in p["prefill"]],
+    )
 
 
 @dataclass
@@ -91,7 +125,11 @@ def _hw(name: str) -> HardwareConfig:
 
 def setup_for(spec: ModelSpec, hw: HardwareConfig, eng: EngineConfig, seed: int = 0) -> FleetSetup:
     limits = EngineLimits(
-        eng.max_num_seqs, eng.max_batched_tokens, kv_capacity_blocks(spec, hw, eng), eng.chunked_prefill
+        eng.max_num_seqs,
+        eng.max_batched_tokens,
+        kv_capacity_blocks(spec, hw, eng),
+        eng.chunked_prefill,
+        eng.kv_alloc == "incremental",
     )
     return FleetSetup(spec, build_step_model(spec, hw, eng), limits, hw, eng, "internode", "heapq", seed=seed)
 
@@ -159,7 +197,8 @@ def distserve(n: int, log: Callable[[str], None]) -> list[Claim]:
     spec = resolve_model(OPT_66B)
     hw = _hw("a100_80gb")
     base = EngineConfig(tp=4, max_num_seqs=256, max_batched_tokens=2048, chunked_prefill=False)
-    vllm = setup_for(spec, hw, base)
+    # the baseline is vLLM 0.2 (DistServe measured it, §6.1): its per-sequence decode cost from the era's A100 profile
+    vllm = setup_for(spec, hw, replace(base, decode_seq_ms=ERA_DECODE_SEQ_MS))
     # (prefill replicas, decode replicas, prefill TP, decode TP) on 8-16 GPUs; TP2 leaves OPT-66B no KV room
     layouts = [(p, d, 4, 4) for p in (1, 2, 3) for d in (1, 2, 3) if p + d <= 4] + [(1, 1, 4, 8), (2, 1, 4, 8)]
     out = []
@@ -186,7 +225,8 @@ def distserve(n: int, log: Callable[[str], None]) -> list[Claim]:
                 f"{name}: goodput per GPU vs vLLM",
                 f"OPT-66B on A100-80GB; synthetic lengths shaped like the dataset (prompt/output "
                 f"{classes[0].input_min}-{classes[0].input_max}/{classes[0].output_min}-{classes[0].output_max}; "
-                f"Poisson); SLO TTFT {ttft:g} s, TPOT {tpot:g} s, 90 %; vLLM V0 2xTP4 colocated vs the best of {len(layouts)} "
+                f"Poisson); SLO TTFT {ttft:g} s, TPOT {tpot:g} s, 90 %; vLLM V0 2xTP4 colocated (decode "
+                f"{vllm.engine.decode_seq_ms:g} ms per sequence, the 2023 A100 profile of Splitwise) vs the best of {len(layouts)} "
                 "per-phase layouts (P, D in 1-3 TP4 replicas, or a TP8 decode replica; 8-16 GPUs; DistServe searches more)",
                 label,
                 f"{best_name}: {best:.3g} vs {c_v:.3g} req/s/GPU ({ratio:.2f}x)",
@@ -226,8 +266,9 @@ def splitwise(shared: Path, n: int, log: Callable[[str], None]) -> Claim:
     """Splitwise-HH on the Azure conversation trace: the P:D split of 40 H100 machines with the highest rate."""
     spec = resolve_model("llama3.1-70b")
     w = load_azure(shared / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv", n)
-    st = setup_for(spec, _hw("h100_sxm"), EngineConfig(tp=8))
-    alone = setup_for(spec, _hw("a100_80gb"), EngineConfig(tp=8))
+    # machines and the unloaded A100 reference both run the engine Splitwise profiled (its measured step tables)
+    st = replace(setup_for(spec, _hw("h100_sxm"), EngineConfig(tp=8)), model=profile_model("h100_sxm"))
+    alone = replace(setup_for(spec, _hw("a100_80gb"), EngineConfig(tp=8)), model=profile_model("a100_80gb"))
     slo = SloConfig(attainment=0.9)
 
     def run_at(topo: Topology) -> Callable[[float], dict[str, Any]]:
@@ -256,7 +297,9 @@ def splitwise(shared: Path, n: int, log: Callable[[str], None]) -> Claim:
         "cost-optimal prompt/token machine split, conversation trace",
         f"Azure conv trace (first {len(w)} rows, rescaled), Llama-3.1-70B TP8 per H100 machine (Splitwise: "
         "Llama2-70B), 40 machines, prompt machines 15-35 in steps of 5 then every split within 4 of the best, "
-        "least-loaded; Splitwise's SLO: P50/P90/P99 "
+        "least-loaded; step times = Splitwise's own measured profile (splitwise-sim perf_model.csv, Llama2-70B TP8 "
+        "H100 / A100: prefill by tokens in the step, decode by batch, extrapolated past batch 64); Splitwise's SLO: "
+        "P50/P90/P99 "
         "slowdown vs the request alone on an A100 TP8 machine <= 2/3/6 (TTFT) and 1.25/1.5/5 (mean TBT, E2E)",
         "25P + 15D (P/D 1.67)",
         f"{best}P + {40 - best}D (P/D {ratio:.2f}); req/s by P: "

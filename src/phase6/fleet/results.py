@@ -44,6 +44,12 @@ class SimResult:
     """Start of each request's first decode step."""
     host_hit_tokens: int = 0
     """Prompt tokens loaded from the host-memory KV tier instead of recomputed (included in ``hit_tokens``)."""
+    preemptions: int = 0
+    """Requests preempted for KV room and recomputed (``engine.kv_alloc=incremental``, phase6.fleet.preempt)."""
+    gap_from_s: np.ndarray | None = None
+    """Token before each request's last decode segment (its first token unless it was preempted)."""
+    gap_tokens: np.ndarray | None = None
+    """Tokens from ``gap_from_s`` on, counting it (output tokens unless preempted)."""
     _gaps: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
@@ -54,9 +60,9 @@ class SimResult:
             self._gaps = (nan, nan)
         if self._gaps is None:
             assert self.decode_replica is not None and self.join_s is not None
-            self._gaps = gap_stats(
-                self.logs, self.decode_replica, self.first_token_s, self.join_s, self.finish_s, self.output_tokens
-            )
+            first = self.first_token_s if self.gap_from_s is None else self.gap_from_s
+            n = self.output_tokens if self.gap_tokens is None else self.gap_tokens
+            self._gaps = gap_stats(self.logs, self.decode_replica, first, self.join_s, self.finish_s, n)
         return self._gaps
 
     @property

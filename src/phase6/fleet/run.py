@@ -84,7 +84,11 @@ def build_setup(cfg: FleetRunConfig) -> FleetSetup:
     spec = model_spec(cfg.model)
     eng = cfg.engine
     limits = EngineLimits(
-        eng.max_num_seqs, eng.max_batched_tokens, kv_capacity_blocks(spec, cfg.hardware, eng), eng.chunked_prefill
+        eng.max_num_seqs,
+        eng.max_batched_tokens,
+        kv_capacity_blocks(spec, cfg.hardware, eng),
+        eng.chunked_prefill,
+        eng.kv_alloc == "incremental",
     )
     return FleetSetup(
         spec,

@@ -36,7 +36,6 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import takewhile
 from operator import attrgetter
 from typing import Any
@@ -46,6 +45,8 @@ import numpy as np
 from phase6.fleet.engines import TorchTPStepTime
 from phase6.fleet.kvcache import HostTier, PrefixCache
 from phase6.fleet.loops import HeapqLoop, SimpyLoop, _first_step_reaching, make_loop  # noqa: F401 (re-export)
+from phase6.fleet.preempt import grow, next_growth, track
+from phase6.fleet.request import EngineLimits, _Req
 from phase6.fleet.results import SimResult, Topology
 from phase6.fleet.steptime import StepTimeModel
 from phase6.fleet.tokens import StepLog
@@ -57,52 +58,7 @@ _outstanding = attrgetter("outstanding")
 _load = attrgetter("queued_prefill_tokens", "outstanding")
 
 
-# ---- requests and replicas -----------------------------------------------------------------------------------------
-class _Req:
-    __slots__ = (
-        "i",
-        "arrival",
-        "n_in",
-        "n_out",
-        "hid",
-        "session",
-        "hit",
-        "m",
-        "done",
-        "pending",
-        "blocks",
-        "private",
-        "admit_s",
-        "prefill_rep",
-        "off",
-    )
-
-    def __init__(self, i: int, arrival: float, n_in: int, n_out: int, hid: tuple[int, ...], session: int) -> None:
-        self.i, self.arrival, self.n_in, self.n_out, self.hid, self.session = i, arrival, n_in, n_out, hid, session
-        self.hit = 0  # prompt tokens served from the prefix cache
-        self.m = 0  # leading prompt blocks found in the prefix cache at admission
-        self.done = 0  # prompt tokens with KV (cached + computed)
-        self.pending = 0  # prompt tokens counted in the replica's queued_prefill_tokens
-        self.blocks = 0
-        self.private = 0
-        self.admit_s = -1.0
-        self.prefill_rep: Replica | None = None
-        self.off = 0  # torch-tp: context at a decode step = (replica steps before it) + off
-
-
-@dataclass
-class EngineLimits:
-    """What the simulator needs of a serving engine besides step times."""
-
-    max_num_seqs: int
-    max_batched_tokens: int
-    kv_blocks: int
-    """KV capacity per replica, 512-token blocks."""
-    chunked_prefill: bool = True
-    """False: vLLM V0's default scheduler -- whole prompts in prefill-only steps that run before (and pause) every
-    decode (``phase6.fleet.interference``); True: vLLM V1 chunked prefill, decodes first in every step."""
-
-
+# ---- replicas ----------------------------------------------------------------------------------------------------
 class Replica:
     """One serving engine instance; role colocated, prefill (PD) or decode (PD)."""
 
@@ -114,6 +70,8 @@ class Replica:
         self.max_seqs, self.budget = limits.max_num_seqs, limits.max_batched_tokens
         self.chunked = limits.chunked_prefill
         self.cache = PrefixCache(limits.kv_blocks, host)
+        self.grows = limits.incremental_kv and role == "colocated" and not sim.padded  # KV grows per token
+        self.bheap: list[tuple[int, int, int, _Req]] = []  # (step of the next block growth, index, generation, req)
         self.log = StepLog()  # decode steps (token gaps of the running requests)
         self.run_dec = True  # the current step advances the decodes (False: a V0 prefill-only step)
         self.load_s = 0.0  # host-tier KV loads of the admissions in the current step
@@ -179,14 +137,23 @@ class Replica:
         self.waiting.popleft()
         sim.n_waiting -= 1
         sim.wait_area_add(now)
-        r.hit, r.m, r.done, r.private, r.admit_s = hit, m, hit, need, now
+        if not r.resumed:  # a recompute after preemption keeps the first admission's time and hit
+            r.hit, r.admit_s = hit, now
+        r.m, r.done, r.private = m, hit, need
+        sim.admissions += 1
+        r.adm = sim.admissions
         self.queued_prefill_tokens += (r.n_in - hit) - r.pending
         r.pending = r.n_in - hit
         self.prefilling.append(r)
         return r
 
+    def running(self) -> list[_Req]:
+        """Admitted requests holding KV here (decoding or prefilling)."""
+        return [e[2] for e in self.dheap] + list(self.prefilling)
+
     def _start_step(self, now: float) -> None:
         self.run_dec, self.load_s = True, 0.0
+        preempted = grow(self, now) if self.bheap and self.bheap[0][0] <= self.steps else 0  # new KV blocks
         if self.padded:
             self._start_step_padded(now)
             return
@@ -218,7 +185,7 @@ class Replica:
             p_tokens += c
             budget -= c
             chunks.append((r, c))
-        while budget > 0 and self.waiting and len(self.prefilling) + self.n_dec < self.max_seqs:
+        while not preempted and budget > 0 and self.waiting and len(self.prefilling) + self.n_dec < self.max_seqs:
             r = self._admit_head(now)
             if r is None:
                 break
@@ -293,6 +260,10 @@ class Replica:
             self.run_truncated = True
         elif self.n_dec:
             k = self.dheap[0][0] - self.steps if self.sim.macro else 1
+            if self.bheap and k > 1:  # a block growth ends the run (it may preempt)
+                g = next_growth(self)
+                if g is not None:
+                    k = min(k, g - self.steps)
             dt = decode_run_s(self.n_dec, ctx, k)
             self.run_k = k
             self.run_truncated = k == 1
@@ -355,7 +326,10 @@ class Replica:
         self._start_step(now)
 
     def _prompt_done(self, r: _Req, now: float) -> None:
-        self.sim.first[r.i] = now
+        if r.resumed:  # the recompute's last step emits its next token; gaps restart from its last one before
+            self.sim.gap_from[r.i], self.sim.gap_n[r.i] = r.last_tok, r.n_out
+        else:
+            self.sim.first[r.i] = now
         if r.hid:
             self.cache.commit(r.hid, r.m)
         if r.n_out == 1:
@@ -366,6 +340,8 @@ class Replica:
             self.n_dec += 1
             self.ctx_sum += r.n_in + 1
             r.off = r.n_in + 1 - self.steps
+            if self.grows:
+                track(self, r)
         else:  # prefill role: hand over to a decode replica
             self.outstanding -= 1
             r.prefill_rep = self
@@ -484,6 +460,9 @@ class Simulation:
         self.drep = [-1] * n
         self.arr = [math.nan] * n
         self.first = [math.nan] * n
+        self.gap_from = [math.nan] * n  # preempted requests: their last token before it (phase6.fleet.preempt)
+        self.gap_n = [0] * n  # ... and the tokens after it
+        self.preemptions = self.admissions = 0
         self.fin = [math.nan] * n
         self.admit = [math.nan] * n
         self.hits = [0] * n
@@ -533,7 +512,8 @@ class Simulation:
         hid = w.hash_ids[i] if w.hash_ids is not None and not self.padded else ()  # torch-tp: no prefix cache
         r = _Req(i, now, int(w.input_tokens[i]), int(w.output_tokens[i]), hid, int(w.session[i]))
         self.arr[i] = now
-        r.blocks = -(-(r.n_in + r.n_out) // BLOCK_TOKENS) if not self.topology.is_pd else -(-r.n_in // BLOCK_TOKENS)
+        whole = not self.topology.is_pd and not (self.limits.incremental_kv and not self.padded)
+        r.blocks = -(-(r.n_in + r.n_out) // BLOCK_TOKENS) if whole else -(-r.n_in // BLOCK_TOKENS)
         self.area_sys += self.n_sys * (now - self.t_sys)
         self.t_sys = now
         self.n_sys += 1
@@ -657,6 +637,9 @@ class Simulation:
             logs={r.rid: r.log for r in self.front + self.back},
             decode_replica=np.asarray(self.drep, dtype=np.int64),
             join_s=np.asarray(self.join),
+            preemptions=self.preemptions,
+            gap_from_s=np.where(np.isnan(self.gap_from), first, self.gap_from),
+            gap_tokens=np.where(np.asarray(self.gap_n) > 0, self.gap_n, w.output_tokens),
             host_hit_tokens=BLOCK_TOKENS
             * sum(h.hits for h in {id(r.cache.host): r.cache.host for r in hosts}.values()),
         )

@@ -24,7 +24,7 @@ from phase6.config import HardwareConfig
 from phase6.config.fleet import EngineConfig
 from phase6.config.plan import EfficiencyConfig
 from phase6.fleet.engines import TorchTPEngine, TorchTPStepTime, kv_rows_blocks
-from phase6.fleet.interference import SerialKernelStepTime
+from phase6.fleet.interference import EngineStepTime
 from phase6.fleet.workload import BLOCK_TOKENS
 from phase6.plan.memory import serve_memory
 from phase6.plan.model import ModelSpec
@@ -60,24 +60,37 @@ def _interp(points: list[tuple[float, float]], x: float) -> float:
 class TableStepTime:
     """Step times from serve-bench measurements.
 
-    step = prefill_tokens · prefill_s_per_token + decode_step_s(decode_seqs), where decode_step_s is linear between
-    measured (batch, TPOT) points. Context length is not a variable: the table holds at the measured prompt mix.
+    step = prefill(prefill_tokens) + decode_step_s(decode_seqs), where decode_step_s is linear between measured
+    (batch, TPOT) points and prefill is prefill_tokens · prefill_s_per_token, or, given ``prefill_points``
+    (tokens in the step, seconds), linear between those (a measured profile: superlinear where attention grows).
+    Context length is not a variable: the table holds at the measured prompt mix.
     """
 
-    def __init__(self, prefill_s_per_token: float, decode_points: list[tuple[float, float]], source: str = "") -> None:
-        if not prefill_s_per_token > 0:
+    def __init__(
+        self,
+        prefill_s_per_token: float,
+        decode_points: list[tuple[float, float]],
+        source: str = "",
+        prefill_points: list[tuple[float, float]] | None = None,
+    ) -> None:
+        if not prefill_s_per_token > 0 and not prefill_points:
             raise ValueError(f"{source}: prefill seconds per token must be > 0, got {prefill_s_per_token}")
         if not decode_points or any(b < 1 or t <= 0 for b, t in decode_points):
             raise ValueError(f"{source}: decode points need batch >= 1 and step time > 0, got {decode_points}")
+        if prefill_points is not None and (not prefill_points or any(n < 1 or t <= 0 for n, t in prefill_points)):
+            raise ValueError(f"{source}: prefill points need tokens >= 1 and time > 0, got {prefill_points}")
         self.prefill_s_per_token = prefill_s_per_token
         self.decode_points = sorted(decode_points)
+        self.prefill_points = sorted(prefill_points) if prefill_points else None
         self.source = source
 
     def decode_step_s(self, decode_seqs: int) -> float:
         return _interp(self.decode_points, decode_seqs) if decode_seqs > 0 else 0.0
 
     def step_s(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx: int) -> float:
-        return prefill_tokens * self.prefill_s_per_token + self.decode_step_s(decode_seqs)
+        if self.prefill_points is None or prefill_tokens <= 0:
+            return prefill_tokens * self.prefill_s_per_token + self.decode_step_s(decode_seqs)
+        return _interp(self.prefill_points, prefill_tokens) + self.decode_step_s(decode_seqs)
 
     def decode_run_s(self, decode_seqs: int, decode_ctx: int, num_steps: int) -> float:
         return num_steps * self.decode_step_s(decode_seqs)
@@ -146,20 +159,23 @@ def planner_model(
     spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig, tp: int | None = None
 ) -> ServeCostModel:
     """The planner's serving step-time model for one replica of ``tp`` (default ``engine.tp``) GPUs; mixed steps
-    priced as serial kernels (``phase6.fleet.interference``) unless ``engine.mixed_step=overlap``."""
+    priced as serial kernels (``phase6.fleet.interference``) unless ``engine.mixed_step=overlap``, plus
+    ``engine.decode_seq_ms`` per decode row of a step."""
     tp = engine.tp if tp is None else tp
     if tp > hardware.gpus_per_node:
         raise ValueError(
             f"engine.tp: {tp} exceeds hardware.gpus_per_node {hardware.gpus_per_node} (a replica is one node here)"
         )
-    cls = SerialKernelStepTime if engine.mixed_step == "serial" and engine.profile == "vllm" else ServeCostModel
-    return cls(
+    vllm = engine.profile == "vllm"
+    return EngineStepTime(
         spec,
         hardware,
         tp=tp,
         efficiency=efficiency(engine),
         weight_bytes=engine.bytes_per_param,
         kv_bytes=engine.kv_bytes_per_elem,
+        serial=engine.mixed_step == "serial" and vllm,
+        seq_s=engine.decode_seq_ms * 1e-3 if vllm else 0.0,  # torch-tp: per padded row, in TorchTPStepTime
     )
 
 
@@ -182,7 +198,8 @@ def build_step_model(
     serve-bench results.json."""
     tt = torch_tp_engine(engine)
     if tt is not None:
-        return TorchTPStepTime(planner_model(spec, hardware, engine), tt, new_shape_ms / 1e3, warm_shapes)
+        base = planner_model(spec, hardware, engine)
+        return TorchTPStepTime(base, tt, new_shape_ms / 1e3, warm_shapes, engine.decode_seq_ms / 1e3)
     if engine.step_time == "table":
         assert engine.table_path is not None and engine.table_input_tokens is not None
         return TableStepTime.from_serve_bench(engine.table_path, engine.table_input_tokens)
