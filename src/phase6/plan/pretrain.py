@@ -30,7 +30,6 @@ from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile, build_profile
 from phase6.plan.train import StepPrediction, predict_train_step
 
-
 # Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at 124M) and come with ~10 elementwise kernels per matrix.
 # Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon vs
 # AdamW"): +9.2 ms (B=32) and +11.2 ms (B=64) per optimizer step for 1.52 TFLOP = ~150 TFLOP/s. The prior written
