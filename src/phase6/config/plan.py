@@ -198,19 +198,3 @@ class PlanRunConfig:
         )
         if all(getattr(self.plan, k) for k in ("dp", "tp", "pp", "cp")):
             require(prod == self.gpus, "gpus", f"plan.dp*tp*pp*cp = {prod} != gpus = {self.gpus}")
-        # Fail before any work: the model must parse (missing fields name the file) and a legal layout must exist.
-        from phase6.plan.model import resolve_model
-        from phase6.plan.profile import read_profile
-        from phase6.plan.recommend import layouts
-
-        if self.plan.profile:
-            read_profile(self.plan.profile)
-
-        spec = resolve_model(self.model, self.plan.hf_config)
-        layouts(
-            spec,
-            self.gpus,
-            self.workload,
-            {k: getattr(self.plan, k) for k in ("dp", "tp", "pp", "ep", "cp")},
-            self.plan.seq_len,
-        )
