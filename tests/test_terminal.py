@@ -62,6 +62,17 @@ def test_a_wide_table_fits_80_columns_and_keeps_every_value(with_path: bool) -> 
         assert text.count(PRETRAIN_ROW["run_dir"]) == 3
 
 
+def test_a_transposed_table_is_headed_by_the_row_names() -> None:
+    path = "/work/phase6/outputs/pretrain/20261201-160640_smoke"
+    rows = [
+        {"job": "pretrain", "status": "ok", "seconds": 912, "run dir": path},
+        {"job": "serve_bench", "status": "FAILED (2)", "seconds": 12, "run dir": ""},
+    ]
+    lines = format_rows(rows, width=80).splitlines()
+    assert lines[0].split() == ["job", "pretrain", "serve_bench"] and lines[1].startswith("---")
+    assert lines[2].split() == ["status", "ok", "FAILED", "(2)"] and lines[4].split() == ["run", "dir", path]
+
+
 def test_columns_env_sets_the_width(monkeypatch: pytest.MonkeyPatch) -> None:
     rows = [{**PRETRAIN_ROW, "steps": i} for i in range(3)]
     monkeypatch.setenv("COLUMNS", "200")

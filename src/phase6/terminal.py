@@ -2,7 +2,8 @@
 
 - one row: ``key: value`` lines (a single-row table at 80 columns squeezes every cell to "…");
 - several rows: an aligned table if it fits the width, else the table transposed (one line per key, one column per
-  row) if that fits, else the columns in blocks that fit, each block repeating the first column (the row's name).
+  row, headed by the first column's values when they name the rows) if that fits, else the columns in blocks that
+  fit, each block repeating the first column (the row's name).
 
 Nothing is ever cut: a cell wider than the terminal makes its line longer. The width is the terminal's, or COLUMNS
 (``shutil.get_terminal_size``; 80 when the output is a pipe, as in CI logs and ``make demo``).
@@ -53,9 +54,13 @@ def format_rows(rows: list[dict[str, Any]], title: str = "", width: int | None =
     table = _grid(keys, body)
     if _fits(table, width):
         return "\n".join([*out, *table])
-    transposed = _grid(
-        ["", *(str(i) for i in range(1, len(rows) + 1))], [[k, *(b[i] for b in body)] for i, k in enumerate(keys)]
-    )
+    names = [b[0] for b in body]
+    if len(set(names)) == len(names):  # the first column names the rows: it heads the transposed columns
+        transposed = _grid([keys[0], *names], [[k, *(b[i] for b in body)] for i, k in enumerate(keys) if i])
+    else:
+        transposed = _grid(
+            ["", *map(str, range(1, len(rows) + 1))], [[k, *(b[i] for b in body)] for i, k in enumerate(keys)]
+        )
     if _fits(transposed, width):
         return "\n".join([*out, *transposed])
     # blocks of columns, each repeating the first column so every line still names its row
