@@ -10,6 +10,7 @@ import sys
 import time
 
 from phase6.config import CONFIG_DIR, JOBS
+from phase6.terminal import format_rows
 
 EXAMPLES = {
     "cost": ["hardware=h100_sxm", "gpus=8", "hours=0.75", "output_tokens=5e9"],
@@ -45,9 +46,8 @@ def main() -> int:
         if proc.returncode != 0:
             sys.stdout.write(proc.stderr[-3000:])
         results.append((job, "ok" if proc.returncode == 0 else f"FAILED ({proc.returncode})", dt, run_dir))
-    print("\n| job | status | seconds | run dir |\n|---|---|---|---|")
-    for job, status, dt, run_dir in results:
-        print(f"| {job} | {status} | {dt:.0f} | {run_dir} |")
+    rows = [{"job": j, "status": st, "seconds": round(dt), "run dir": d} for j, st, dt, d in results]
+    print("\n" + format_rows(rows, "demo"))  # fitted to the terminal width (COLUMNS; 80 in a pipe)
     return 0 if all(r[1] == "ok" for r in results) else 1
 
 

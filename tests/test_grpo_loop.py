@@ -21,10 +21,11 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from phase6.models.packed_gqa import packed_gqa_attention
 from phase6.posttrain.tiny import build_tiny_model, build_tiny_tokenizer
 from phase6.rollout import SamplingParams
 from phase6.rollout.hf import HFEngine, naive_generate, sequence_logprobs
-from phase6.rollout.hf_loop import DecodeLoop, LoopOptions, packed_gqa_attention, process_scores, sample_tokens
+from phase6.rollout.hf_loop import DecodeLoop, LoopOptions, process_scores, sample_tokens
 
 TEXTS = ["Ava has 3 apples and buys 4 more.", "How many?", "1 2 3 4 5 6 7 8 9 0", "marbles and coins"] * 20
 

@@ -30,8 +30,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from phase6.models.packed_gqa import apply_packed_gqa, packed_gqa_attention
+from phase6.parallel import apply_tp
 from phase6.serving import tp_server
-from phase6.serving.tp_server import Engine, GenParams, Request, Scheduler, ServerArgs, StepPlan, apply_tp
+from phase6.serving.tp_server import Engine, GenParams, Request, Scheduler, ServerArgs, StepPlan
 
 VOCAB = 300
 MAX_LEN = 256
@@ -95,7 +97,7 @@ def test_continuous_batching_matches_greedy_reference(tmp_path: Path, arch: str,
             )
         )
     model.eval()
-    tp_server.apply_gqa_sdpa(model)
+    apply_packed_gqa(model)
     model.config.save_pretrained(tmp_path)
     # 5 KV rows for 8 requests: requests wait, join mid-flight and finish at different steps (rows are compacted);
     # the prefill budget splits admissions into several batches of different padded widths.
@@ -125,7 +127,7 @@ def test_continuous_batching_matches_greedy_reference(tmp_path: Path, arch: str,
 
 
 @pytest.mark.parametrize("t", [1, 6])
-def test_gqa_sdpa_matches_hf_sdpa_with_repeated_kv(t: int) -> None:
+def test_packed_gqa_matches_hf_sdpa_with_repeated_kv(t: int) -> None:
     """Packing 5 query heads per KV head (Qwen2.5-14B's ratio) = HF's repeat_kv path, with a ragged bool mask."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -139,7 +141,7 @@ def test_gqa_sdpa_matches_hf_sdpa_with_repeated_kv(t: int) -> None:
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = group, True  # what sdpa_attention_forward reads
     ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=d**-0.5)
-    out, _ = tp_server.gqa_sdpa_attention(module, q, k, v, mask, scaling=d**-0.5)
+    out, _ = packed_gqa_attention(module, q, k, v, mask, scaling=d**-0.5)
     assert out.shape == ref.shape == (b, t, hkv * group, d)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -148,7 +150,7 @@ def test_static_decode_pads_to_a_bucket_and_matches_eager(tmp_path: Path) -> Non
     """3 rows padded to the 4-row bucket, KV bucket 256: the logits of the unpadded eager decode (fp32, 1e-5)."""
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_llama_config(vocab=512)).eval()
-    tp_server.apply_gqa_sdpa(model)
+    apply_packed_gqa(model)
     model.config.save_pretrained(tmp_path)
     args = ServerArgs(model=str(tmp_path), max_batch=5, max_model_len=256)
     engine = Engine(model, args, torch.device("cpu"), 0, 1, None, static_decode=True)
@@ -179,7 +181,7 @@ def test_compiled_prefill_matches_eager_and_compiles_only_at_start(tmp_path: Pat
         num_key_value_heads=2,
     )
     model = Qwen2ForCausalLM(cfg).eval()
-    tp_server.apply_gqa_sdpa(model)
+    apply_packed_gqa(model)
     model.config.save_pretrained(tmp_path)
     args = ServerArgs(model=str(tmp_path), max_batch=8, max_model_len=256, max_prefill_tokens=1024)
     eager = Engine(model, args, torch.device("cpu"), 0, 1, None, static_decode=True)
@@ -226,7 +228,7 @@ class FakeGraph:
 def test_graph_decode_path_and_startup_check(tmp_path: Path, live: bool) -> None:
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_llama_config(vocab=512)).eval()
-    tp_server.apply_gqa_sdpa(model)
+    apply_packed_gqa(model)
     model.config.save_pretrained(tmp_path)
     engine = Engine(
         model,
@@ -302,8 +304,8 @@ def test_tp_split_matches_full_model(monkeypatch: pytest.MonkeyPatch, arch: str)
     assert len(split[0]) == 2 * 7 + 1  # 7 Linears per layer + lm_head
     assert shards[0].model.layers[0].self_attn.q_proj.weight.shape[0] == 32  # 2 of 4 heads x head_dim 16
     fake = ThreadCollectives(world)
-    monkeypatch.setattr(tp_server.dist, "all_reduce", fake.all_reduce)
-    monkeypatch.setattr(tp_server.dist, "all_gather", fake.all_gather)
+    monkeypatch.setattr(torch.distributed, "all_reduce", fake.all_reduce)
+    monkeypatch.setattr(torch.distributed, "all_gather", fake.all_gather)
     ids = torch.randint(0, 512, (2, 11), generator=torch.Generator().manual_seed(2))
     out: list[torch.Tensor | None] = [None] * world
 

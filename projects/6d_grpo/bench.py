@@ -355,7 +355,7 @@ def _attention_rows(rows_n: int, length: int, full: int, cfg: dict[str, Any], re
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from phase6.rollout.hf_loop import packed_gqa_attention
+    from phase6.models.packed_gqa import packed_gqa_attention
 
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg["hidden_size"] // heads

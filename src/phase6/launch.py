@@ -140,10 +140,14 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
 
 
 def load_config(job: str, overrides: list[str]) -> Any:
-    """Compose + validate one config into the job's dataclass (what tests and `phase6 config` use)."""
+    """Compose + validate one config into the job's dataclass, then run the job's own check (JobSpec.check) on it
+    (what tests and `phase6 config` use)."""
     cfg = compose(job, overrides)
     try:
-        return to_dataclass(job, cfg)
+        out = to_dataclass(job, cfg)
+        if JOBS[job].check:
+            load_object(JOBS[job].check)(out)
+        return out
     except Exception as e:
         raise ConfigError(_explain(e)) from e
 

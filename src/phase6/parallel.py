@@ -12,13 +12,20 @@
 
 A world of one with mode 'ddp' gets no wrapper at all. Gradient sync during accumulation micro-steps is switched
 off with `set_grad_sync` (DDP no_sync / FSDP2 set_requires_gradient_sync), so each optimizer step communicates once.
+
+    apply_tp       Megatron-style tensor parallelism of a transformers causal LM for inference, from the TP plan
+                   the model declares (the torch-tp server, phase6.serving.tp_server)
 """
 
 from __future__ import annotations
 
+import fnmatch
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
@@ -175,3 +182,85 @@ def set_grad_sync(model: nn.Module, enabled: bool) -> None:
         model.require_backward_grad_sync = enabled  # exactly what DDP.no_sync() toggles
     elif isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(enabled)
+
+
+TP_STYLES = ("colwise", "rowwise", "colwise_gather_output")
+
+
+def tp_plan(model: nn.Module) -> dict[str, str]:
+    """The TP plan the model declares: config.base_model_tp_plan (under the base-model prefix) + class _tp_plan."""
+    prefix = model.base_model_prefix
+    plan = {f"{prefix}.{k}": v for k, v in (getattr(model.config, "base_model_tp_plan", None) or {}).items()}
+    plan.update(getattr(type(model), "_tp_plan", None) or {})
+    return plan
+
+
+def _all_reduce_hook(group: dist.ProcessGroup | None, bias: torch.Tensor | None) -> Callable[..., torch.Tensor]:
+    def hook(module: nn.Module, inputs: Any, out: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(out, group=group)  # sum of the N partial products (rowwise split of the input features)
+        return out if bias is None else out + bias
+
+    return hook
+
+
+def _all_gather_hook(group: dist.ProcessGroup | None, world: int) -> Callable[..., torch.Tensor]:
+    def hook(module: nn.Module, inputs: Any, out: torch.Tensor) -> torch.Tensor:
+        out = out.contiguous()
+        parts = [torch.empty_like(out) for _ in range(world)]
+        dist.all_gather(parts, out, group=group)
+        return torch.cat(parts, dim=-1)  # (..., V): rank r holds vocabulary slice r
+
+    return hook
+
+
+def apply_tp(model: nn.Module, rank: int, world: int, group: dist.ProcessGroup | None = None) -> dict[str, str]:
+    """Keep this rank's slice of every Linear in the model's TP plan and install the collectives; returns
+    {module name: style} of what was split. ValueError names the config key that does not divide by ``world``.
+
+    Plan styles (Llama/Qwen2/Qwen3/Mistral: q/k/v, gate/up "colwise"; o, down "rowwise"; lm_head
+    "colwise_gather_output"): colwise Linears keep their 1/N slice of output features (whole heads, so attention
+    runs on local heads unchanged); rowwise Linears keep 1/N of input features and all-reduce their output in a
+    forward hook; lm_head all-gathers the vocabulary slices. Embeddings and norms are replicated. Plain local
+    tensors rather than DTensor ``parallelize_module``: measured on torch 2.13 (CPU), a DTensor ColwiseParallel
+    Linear costs ~115 us per call against 9 us plain, ~40 ms of host overhead per decode step for 48 layers x 7
+    Linears, which would be measured as "TP cost"."""
+    if world == 1:
+        return {}
+    cfg = model.config
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
+        value = getattr(cfg, key, None)
+        if value is not None and value % world:
+            raise ValueError(f"config.{key} = {value} is not divisible by the tensor-parallel size {world}")
+    plan = tp_plan(model)
+    if not plan:
+        raise ValueError(f"model_type {cfg.model_type!r} declares no tensor-parallel plan (config.base_model_tp_plan)")
+    done: dict[str, str] = {}
+    for name, module in model.named_modules():
+        style = next((s for pat, s in plan.items() if fnmatch.fnmatchcase(name, pat)), None)
+        if style is None:
+            continue
+        if style not in TP_STYLES:
+            raise ValueError(
+                f"tp plan of {cfg.model_type!r}: style {style!r} at {name!r} is not supported "
+                f"(supported: {', '.join(TP_STYLES)})"
+            )
+        if not isinstance(module, nn.Linear):
+            raise ValueError(f"tp plan of {cfg.model_type!r}: {name!r} is a {type(module).__name__}, not nn.Linear")
+        w = module.weight
+        if style in ("colwise", "colwise_gather_output"):
+            module.weight = nn.Parameter(w.detach().chunk(world, dim=0)[rank].clone(), requires_grad=False)
+            if module.bias is not None:
+                module.bias = nn.Parameter(module.bias.detach().chunk(world)[rank].clone(), requires_grad=False)
+            module.out_features = module.weight.shape[0]
+            if style == "colwise_gather_output":
+                module.register_forward_hook(_all_gather_hook(group, world))
+        else:
+            module.weight = nn.Parameter(w.detach().chunk(world, dim=1)[rank].clone(), requires_grad=False)
+            module.in_features = module.weight.shape[1]
+            bias = module.bias.detach().clone() if module.bias is not None else None
+            module.bias = None  # added once, after the reduction
+            module.register_forward_hook(_all_reduce_hook(group, bias))
+        done[name] = style
+    if not done:
+        raise ValueError(f"tp plan of {cfg.model_type!r} matched no module: {sorted(plan)}")
+    return done

@@ -13,6 +13,7 @@ from typing import Any
 from phase6.figures import save_figure
 from phase6.redact import redact
 from phase6.runrecord import markdown_table, read_metrics, read_results, render_markdown
+from phase6.terminal import format_rows
 
 
 def plot_metrics(run_dir: Path) -> list[Path]:
@@ -109,7 +110,7 @@ class SweepSummaryCallback(Callback):  # type: ignore[misc]
                 rows.append({"member": d.name, "overrides": overrides, **row})
         (sweep_dir / "summary.json").write_text(json.dumps({"rows": rows}, indent=2))
         (sweep_dir / "summary.md").write_text(f"# sweep summary ({len(members)} runs)\n\n" + markdown_table(rows))
-        print(markdown_table(rows))
+        print(format_rows(rows, f"sweep summary ({len(members)} runs)"))  # summary.md: the full table
         print(f"sweep dir: {sweep_dir}", flush=True)
 
 

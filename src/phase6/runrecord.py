@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from phase6.redact import redact, redact_text
+from phase6.terminal import format_rows
 
 PACKAGES = (
     "phase6",
@@ -327,17 +328,9 @@ class RunRecord:
             os.replace(tmp, self.dir / "results.json")
             plots = sorted(str(p.relative_to(self.dir)) for p in self.plots_dir.glob("*.png"))
             (self.dir / "results.md").write_text(render_markdown(results, plots))
-            if self._console is not None:
-                from rich.table import Table
-
-                if rows:
-                    t = Table(title=f"{self.job} results")
-                    cols = list(dict.fromkeys(k for r in rows for k in r))
-                    for c in cols:
-                        t.add_column(c)
-                    for r in rows[:50]:
-                        t.add_row(*[f"{r.get(c):.4g}" if isinstance(r.get(c), float) else str(r.get(c)) for c in cols])
-                    self._console.print(t)
+            if self._console is not None and rows:  # fitted to the terminal width; results.md has everything
+                text = format_rows(rows[:50], f"{self.job} results")
+                self._console.print(text, markup=False, highlight=False, soft_wrap=True)
             self.close()
             print(f"run dir: {self.dir}", flush=True)
         return self.dir

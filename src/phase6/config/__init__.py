@@ -229,6 +229,9 @@ class JobSpec:
     main: str
     """``module:function`` or ``projects/<dir>/<file>.py:function`` taking the root dataclass."""
     help: str = ""
+    check: str = ""
+    """``module:function`` run on the validated root dataclass before the job starts (a check that needs the job's
+    own library, e.g. the planner's feasibility check; config validation itself imports nothing else of phase6)."""
 
 
 # The registry: job name (= primary YAML name = CLI subcommand with '_' -> '-') -> spec.
@@ -256,7 +259,10 @@ JOBS: dict[str, JobSpec] = {
         "phase6.config.grpo:GrpoRunConfig", "projects/6d_grpo/grpo.py:main", "6D: GRPO on GSM8K, instrumented rollouts"
     ),
     "plan": JobSpec(
-        "phase6.config.plan:PlanRunConfig", "phase6.plan.job:main", "predict memory/comm/time, rank layouts"
+        "phase6.config.plan:PlanRunConfig",
+        "phase6.plan.job:main",
+        "predict memory/comm/time, rank layouts",
+        check="phase6.plan.preflight:check",
     ),
     "fleet": JobSpec(
         "phase6.config.fleet:FleetRunConfig", "phase6.fleet.run:main", "fleet simulation: goodput, routing, PD"

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phase6.config import HardwareConfig, HFModelConfig, LoggerConfig, RunConfig, require
-from phase6.evals.battery import LOCAL_TASK_KINDS, LocalTask
-from phase6.posttrain.dpo_data import FORMATS
+from phase6.config.evals import LOCAL_TASK_KINDS, LocalTask
+
+FORMATS = ("preference", "ultrafeedback", "hh_rlhf", "llamafactory")
+"""Preference-data formats phase6.posttrain.dpo_data reads (data.format)."""
 
 # TRL 1.16 DPOConfig.loss_type values, plus "orpo" (trl.experimental.orpo.ORPOTrainer: single stage, no reference).
 DPO_LOSSES = (

@@ -229,28 +229,3 @@ class PlanRunConfig:
         )
         if all(getattr(self.plan, k) for k in ("dp", "tp", "pp", "cp")):
             require(prod == self.gpus, "gpus", f"plan.dp*tp*pp*cp = {prod} != gpus = {self.gpus}")
-        # Fail before any work: the model must parse (missing fields name the file) and a legal layout must exist.
-        from phase6.plan.model import resolve_model
-        from phase6.plan.profile import read_profile
-        from phase6.plan.recommend import layouts
-
-        if self.plan.profile:
-            read_profile(self.plan.profile)
-
-        spec = resolve_model(self.model, self.plan.hf_config)
-        if self.plan.context_len is None:
-            self.plan.context_len = min(8192, spec.max_position_embeddings)
-        longest = self.plan.seq_len if self.workload == "train" else self.plan.context_len
-        key = "plan.seq_len" if self.workload == "train" else "plan.context_len"
-        require(
-            longest <= spec.max_position_embeddings,
-            key,
-            f"{longest} exceeds {spec.name}'s max_position_embeddings {spec.max_position_embeddings}",
-        )
-        layouts(
-            spec,
-            self.gpus,
-            self.workload,
-            {k: getattr(self.plan, k) for k in ("dp", "tp", "pp", "ep", "cp")},
-            self.plan.seq_len,
-        )

@@ -13,7 +13,7 @@ from typing import Any
 
 from phase6.config import CONFIG_DIR, HardwareConfig, LoggerConfig, RunConfig, require
 from phase6.config.data import DataConfig
-from phase6.evals.battery import LocalTask
+from phase6.config.evals import LocalTask
 
 SCHEDULES = ("cosine", "warmdown")
 ALGORITHMS = ("adamw", "muon")
@@ -462,7 +462,7 @@ class EvalRunConfig:
     tasks: list[str] = field(default_factory=lambda: ["hellaswag", "arc_easy", "piqa"])
     """lm-eval built-in tasks (GPT-2 124M: HellaSwag acc_norm 29.4, the anchors' baseline)."""
     local_tasks: list[LocalTask] = field(default_factory=list)
-    """Extra tasks from local JSONL files (phase6.evals.battery.LocalTask)."""
+    """Extra tasks from local JSONL files (phase6.config.evals.LocalTask, run by phase6.evals.battery)."""
     num_fewshot: int | None = 0
     """Few-shot examples (0 = the zero-shot setting of the GPT-2 / llm.c HellaSwag numbers); None = task default."""
     limit: int | None = None

@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from phase6.config.evals import LocalTask
 
 # Primary metric per built-in task: (metric, filter) as in lm-eval's result keys "<metric>,<filter>".
 PRIMARY_METRIC: dict[str, tuple[str, str]] = {
@@ -36,29 +38,6 @@ PRIMARY_METRIC: dict[str, tuple[str, str]] = {
     "gsm8k": ("exact_match", "flexible-extract"),
     "ifeval": ("prompt_level_strict_acc", "none"),
 }
-LOCAL_TASK_KINDS = ("multiple_choice", "generate")
-
-
-@dataclass
-class LocalTask:
-    """A custom task read from a local JSONL file."""
-
-    name: str
-    """lm-eval task name (letters, digits, '_'); must not clash with a built-in task."""
-    path: str
-    """JSONL file; schema depends on ``kind`` (see module docstring)."""
-    kind: str = "multiple_choice"
-    """multiple_choice | generate."""
-    until: list[str] = field(default_factory=lambda: ["\n"])
-    """Stop strings for ``generate`` tasks."""
-    max_gen_toks: int = 128
-    """Generation cap for ``generate`` tasks."""
-
-    def __post_init__(self) -> None:
-        if not self.name or not self.name.replace("_", "").isalnum():
-            raise ValueError(f"eval.local_tasks.name: {self.name!r} must be letters, digits and '_'")
-        if self.kind not in LOCAL_TASK_KINDS:
-            raise ValueError(f"eval.local_tasks.kind: {self.kind!r} is not one of {list(LOCAL_TASK_KINDS)}")
 
 
 def _validate_local_rows(task: LocalTask) -> int:

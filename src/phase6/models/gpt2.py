@@ -19,20 +19,62 @@ blocks' Linear layers for torchao Float8Linear before compilation).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from phase6.config.pretrain import ModelConfig
 from phase6.models.fused_ce import LigerLMLoss
 
 
+@dataclass(frozen=True)
+class GPTConfig:
+    """The architecture GPT is built from. The pretrain job's ``model`` group (config/pretrain.py ModelConfig) holds
+    the same fields with their defaults, documentation and key-naming validation; ``GPTConfig.of`` copies them."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int
+    vocab_size: int
+    pad_vocab_multiple: int
+    bias: bool
+    dropout: float
+    fused_ce: str
+    float8: str
+    float8_lm_head: bool
+    residual_dtype: str
+    ce_vocab: str
+
+    def __post_init__(self) -> None:
+        assert self.n_embd % self.n_head == 0, "config validation (model.n_embd, model.n_head) comes first"
+
+    @classmethod
+    def of(cls, cfg: Any) -> GPTConfig:
+        """``cfg`` itself if it is a GPTConfig, else a GPTConfig of its same-named fields (a ModelConfig)."""
+        if isinstance(cfg, cls):
+            return cfg
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of wte / lm_head: vocab_size rounded up to pad_vocab_multiple."""
+        m = self.pad_vocab_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_head = cfg.n_head
         self.dropout = cfg.dropout
@@ -59,7 +101,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.gelu = nn.GELU(approximate="tanh")  # HF "gelu_new" is the tanh approximation: needed for parity
@@ -71,7 +113,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=1e-5, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
@@ -84,9 +126,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig | Any) -> None:
+        """``cfg``: a GPTConfig, or the pretrain job's ModelConfig (copied into one: ``GPTConfig.of``)."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg = GPTConfig.of(cfg)
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from phase6.config.pretrain import ModelConfig
-from phase6.models.gpt2 import GPT
+from phase6.models.gpt2 import GPT, GPTConfig
 
 if TYPE_CHECKING:
     from transformers import GPT2Config, PreTrainedTokenizerFast
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def hf_config_from(cfg: ModelConfig, eos_token_id: int | None = None) -> GPT2Config:
+def hf_config_from(cfg: GPTConfig, eos_token_id: int | None = None) -> GPT2Config:
     """The HF GPT2Config describing the same network (HF GPT-2 always has biases; dropout off)."""
     from transformers import GPT2Config
 
@@ -48,24 +47,30 @@ def hf_config_from(cfg: ModelConfig, eos_token_id: int | None = None) -> GPT2Con
     )
 
 
-def model_config_from_hf(hf_config: GPT2Config, name: str = "hf") -> ModelConfig:
-    """ModelConfig for an HF GPT-2 config (bias=True: HF checkpoints carry biases)."""
+def model_config_from_hf(hf_config: GPT2Config) -> GPTConfig:
+    """GPTConfig for an HF GPT-2 config (bias=True: HF checkpoints carry biases; plain fp32/bf16 GEMMs, no dropout)."""
     if hf_config.model_type != "gpt2":
         raise ValueError(f"expected an HF config with model_type 'gpt2', got {hf_config.model_type!r}")
     if hf_config.activation_function != "gelu_new":
         raise ValueError(f"HF config activation_function {hf_config.activation_function!r} is not 'gelu_new'")
-    return ModelConfig(
-        name=name,
+    return GPTConfig(
         n_layer=hf_config.n_layer,
         n_head=hf_config.n_head,
         n_embd=hf_config.n_embd,
         block_size=hf_config.n_positions,
         vocab_size=hf_config.vocab_size,
+        pad_vocab_multiple=64,
         bias=True,
+        dropout=0.0,
+        fused_ce="none",
+        float8="none",
+        float8_lm_head=False,
+        residual_dtype="float32",
+        ce_vocab="padded",
     )
 
 
-def state_dict_from_hf(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def state_dict_from_hf(hf_sd: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
     """Map an HF GPT2LMHeadModel state dict onto GPT's (transpose Conv1D, pad vocab rows with zeros)."""
     out: dict[str, torch.Tensor] = {}
     for key, value in hf_sd.items():
@@ -86,16 +91,16 @@ def state_dict_from_hf(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict
     return out
 
 
-def from_hf(hf_model: nn.Module, name: str = "hf") -> GPT:
+def from_hf(hf_model: nn.Module) -> GPT:
     """A GPT holding the weights of an HF GPT2LMHeadModel (same logits up to float rounding)."""
-    cfg = model_config_from_hf(hf_model.config, name=name)
+    cfg = model_config_from_hf(hf_model.config)
     model = GPT(cfg)
     sd = state_dict_from_hf({k: v.detach().float() for k, v in hf_model.state_dict().items()}, cfg)
     model.load_state_dict(sd, strict=True)
     return model
 
 
-def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
     """Map a GPT state dict onto HF GPT2LMHeadModel keys (transpose, drop vocab padding, add zero biases)."""
     out: dict[str, torch.Tensor] = {}
     for key, value in sd.items():

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from phase6.config.dpo import FORMATS
+
 if TYPE_CHECKING:
     from datasets import Dataset
-
-FORMATS = ("preference", "ultrafeedback", "hh_rlhf", "llamafactory")
-
 Message = dict[str, str]
 Text = str | list[Message]
 

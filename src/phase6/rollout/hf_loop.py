@@ -8,8 +8,9 @@ saving predicted before measuring; the measured rows are in docs/benchmarks.md):
 
 1. GQA without ``repeat_kv``. transformers 5.17's SDPA path copies every layer's K and V to all 12 query heads when
    an attention mask is passed, and a static cache always passes one: per step 6x the KV bytes are written and read
-   again (~134 GB, ~30 ms). Here a decode query's 12 heads are packed as (2 KV heads x 6 query rows), so SDPA reads
-   each K/V once. (transformers 5.24 does the same, ``pack_gqa``, but only when not compiling.)
+   again (~134 GB, ~30 ms). Here a query's 12 heads are packed as (2 KV heads x 6 query rows), so SDPA reads each
+   K/V once (``phase6.models.packed_gqa``, shared with the torch-tp server; the prefill's masked attention too).
+   (transformers 5.24 does the same, ``pack_gqa``, but only when not compiling.)
 2. Attention over the filled part of the cache: keys up to the current position rounded up to ``attend_bucket``
    (one graph per bucket), not the whole static length (~7.1 instead of 10.3 GB read: ~0.8 ms).
 3. Sampling inside the graph: Gumbel-max (argmax of logits/T plus Gumbel noise is a sample of softmax(logits/T))
@@ -43,46 +44,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from transformers import AttentionInterface, PreTrainedModel
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers import PreTrainedModel
 
+from phase6.models.packed_gqa import register_packed_gqa
 from phase6.rollout import SamplingParams, cut_at_eos
 
-PACKED_GQA = "phase6_packed_gqa"
-"""Name of ``packed_gqa_attention`` in transformers' attention registry."""
-ATTENTIONS = {"packed_gqa": PACKED_GQA, "sdpa": "sdpa"}
+ATTENTIONS = {"packed_gqa": register_packed_gqa(), "sdpa": "sdpa"}
 """LoopOptions.attention -> registry name; ``sdpa`` is transformers' own (repeat_kv under a mask on 5.17)."""
-
-
-def packed_gqa_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Attention for transformers' layers: one decode token attends with K/V read once; prefill is transformers' SDPA.
-
-    query (B, H, 1, D), key/value (B, KV, S, D), attention_mask (B, 1, 1, S) bool (True = attend). The H = KV x G
-    query heads become G query rows of their KV head (head h reads KV head h // G, as ``repeat_kv`` orders them), so
-    SDPA sees (B, KV, G, D) against (B, KV, S, D) and needs no copy of the cache.
-    """
-    if query.shape[2] != 1:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    batch, num_heads, _, head_dim = query.shape
-    num_kv = key.shape[1]
-    packed = query.reshape(batch, num_kv, num_heads // num_kv, head_dim)  # (B, KV, G, D)
-    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask, scale=scaling)  # (B, KV, G, D)
-    return out.reshape(batch, 1, num_heads, head_dim), None  # (B, 1, H, D): the layout transformers' layers expect
-
-
-AttentionInterface.register(PACKED_GQA, packed_gqa_attention)
 
 
 @dataclass(frozen=True)
@@ -91,7 +59,7 @@ class LoopOptions:
     a time to measure what each is worth."""
 
     attention: str = "packed_gqa"
-    """packed_gqa (K/V read once per decode step) | sdpa (transformers' own function: repeat_kv under a mask)."""
+    """packed_gqa (K/V read once per step) | sdpa (transformers' own function: repeat_kv under a mask)."""
     attend_bucket: int = 64
     """Decode attends to the cache up to the current position rounded up to this (one CUDA graph per bucket);
     0 = always the whole static length (one graph)."""
