@@ -37,6 +37,9 @@ class RunConfig:
     """Short name appended to the run directory and used as the W&B run name."""
     seed: int = 1337
     """Global seed (torch, numpy, python) for everything the run samples."""
+    overwrite: bool = False
+    """A run.dir holding another run's records is refused unless the run resumes it (train.resume) or this is true:
+    then the old directory is moved aside to ``<dir>.replaced-<timestamp>`` (never deleted)."""
 
     def __post_init__(self) -> None:
         require(
