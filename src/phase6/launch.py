@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from phase6.config import CONFIG_DIR, JOBS, load_object, to_dataclass
 from phase6.errors import EXIT_USER_ERROR, UserError, one_line
+from phase6.redact import redact_logging
 
 EXIT_CONFIG_ERROR = EXIT_USER_ERROR
 ConfigError = UserError
@@ -158,6 +159,7 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
     @hydra.main(config_path=str(CONFIG_DIR), config_name=job, version_base="1.3")
     def _task(cfg: DictConfig) -> Any:
         hc = HydraConfig.get()
+        redact_logging()  # Hydra's <run dir>/launch.log and the console handlers
         OmegaConf.set_struct(cfg, False)
         cfg.run.dir = hc.runtime.output_dir
         # what this member of a sweep overrides, for env.json and the sweep summary
@@ -178,17 +180,23 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
     try:
         _task()
     except _JobAbort as abort:
+        _remove_if_empty(target, target_existed)
         raise UserError(one_line(abort.error)) from abort.error
+    except BaseException:
+        _remove_if_empty(target, target_existed)
+        raise
     finally:
         sys.argv = argv
-        _remove_if_empty(target, target_existed)
 
 
 def _remove_if_empty(path: Path, existed: bool) -> None:
     """A run that failed before writing anything leaves no directory behind (Hydra creates it up front)."""
-    if existed or int(os.environ.get("RANK", "0")) != 0:
+    if existed or int(os.environ.get("RANK", "0")) != 0 or not path.is_dir():
         return
     try:
-        path.rmdir()  # only succeeds when empty
+        for f in path.glob("*.log"):  # Hydra's job log, created with the directory; empty unless something logged
+            if f.stat().st_size == 0:
+                f.unlink()
+        path.rmdir()  # only succeeds when nothing else is there
     except OSError:
         pass

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from phase6.redact import redact, redact_text
+from phase6.redact import redact, redact_argv, redact_text
 
 PACKAGES = (
     "phase6",
@@ -151,7 +151,7 @@ def env_info() -> dict[str, Any]:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "command": redact_text(" ".join(sys.argv)),
+        "command": " ".join(redact_argv(sys.argv)),
         "overrides": redact_text(os.environ.get("PHASE6_OVERRIDES", "")),
         "env": redact({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -348,7 +348,7 @@ class RunRecord:
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if not self.is_main:
             return
-        row = {"step": step, "time_s": round(time.time() - self.t0, 4), **metrics}
+        row = redact({"step": step, "time_s": round(time.time() - self.t0, 4), **metrics})
         assert self._metrics_f is not None
         self._metrics_f.write(dumps(row) + "\n")
         if self._wandb is not None:
