@@ -139,6 +139,15 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
     from phase6.runrecord import claim_run_dir, mark_failed
 
     configs = preflight(job, overrides, multirun)
+    if JOBS[job].preflight and main is None:
+        check = load_object(JOBS[job].preflight)
+        try:
+            for c in configs:
+                check(c)
+        except ValueError as e:  # UserError and the input checks' ValueError: one line, exit 2
+            if os.environ.get(DEBUG_ENV):
+                raise
+            raise UserError(one_line(e)) from e
     main_fn = main or load_object(JOBS[job].main)
     first = configs[0]
     run_dir = first.run.dir or default_run_dir(job, first.run.name)

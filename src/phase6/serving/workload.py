@@ -33,6 +33,7 @@ import numpy as np
 
 from phase6.config.serve import LengthDist
 from phase6.fleet.workload import BLOCK_TOKENS, TraceRow, iter_azure, iter_mooncake
+from phase6.textio import read_text
 
 
 class TokenizerLike(Protocol):
@@ -84,7 +85,7 @@ def load_sharegpt(
     """``num_requests`` seeded ShareGPT requests inside the token window; ValueError if the file has too few."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path))
     except OSError as e:
         raise ValueError(f"{path}: cannot read ShareGPT file ({e.strerror})") from e
     except json.JSONDecodeError as e:
