@@ -66,6 +66,62 @@ def job_overrides(job: str, overrides: list[str]) -> list[str]:
     return extra + list(overrides)
 
 
+def job_groups(job: str) -> dict[str, list[str]]:
+    """The config groups in ``job``'s defaults list -> the options each one has (YAML names, sorted).
+
+    A group's options are the YAML files under ``configs/<job>/<group>/`` (the job's own) and ``configs/<group>/``
+    (shared: hardware, logger, prices), found the way Hydra's search path finds them.
+    """
+    primary = OmegaConf.load(CONFIG_DIR / f"{job}.yaml")
+    groups: dict[str, list[str]] = {}
+    for entry in primary.get("defaults", []):
+        if not isinstance(entry, DictConfig):  # `_self_`
+            continue
+        for key in entry:
+            group = str(key).split()[-1].split("@")[0]  # "optional experiment" -> experiment; "x@pkg" -> x
+            options: set[str] = set()
+            for base in (CONFIG_DIR / job / group, CONFIG_DIR / group):
+                if base.is_dir():
+                    options.update(str(f.relative_to(base).with_suffix("")) for f in base.rglob("*.yaml"))
+            groups[group] = sorted(options)
+    return groups
+
+
+def check_group_choices(job: str, overrides: list[str]) -> None:
+    """An option that does not exist for a config group is an error, also for ``optional`` groups.
+
+    Hydra's ``- optional experiment: null`` skips a missing option without a word, so ``experiment=<typo>`` would
+    run the default job; and a group that the job does not have at all gets an error naming the job's groups.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as e:
+        raise ConfigError(_explain(e)) from e
+    groups = job_groups(job)
+    other_groups = {d.name for j in JOBS for d in (CONFIG_DIR / j).glob("*/") if d.is_dir()}
+    fields = set(getattr(load_object(JOBS[job].schema), "__dataclass_fields__", {}))
+    for o in parsed:
+        key = o.key_or_group
+        if key.startswith("hydra.") or o.is_delete():
+            continue
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+        if key not in groups:
+            if key in other_groups and key not in fields:
+                raise ConfigError(
+                    f"{key}={','.join(map(str, values))}: {job} has no config group {key!r}; "
+                    f"its groups: {', '.join(sorted(groups))}"
+                )
+            continue
+        for value in values:
+            if value is None or value == "null" or not isinstance(value, str) or value in groups[key]:
+                continue
+            if not groups[key]:
+                raise ConfigError(f"{key}={value}: {job} has no {key} presets")
+            raise ConfigError(f"{key}={value}: no such {key} for {job}; choose from {', '.join(groups[key])}")
+
+
 def compose(job: str, overrides: list[str]) -> DictConfig:
     """Compose one (non-sweep) config for ``job`` with Hydra's compose API."""
     from hydra import compose as hydra_compose
@@ -74,6 +130,7 @@ def compose(job: str, overrides: list[str]) -> DictConfig:
 
     if job not in JOBS:
         raise ConfigError(f"unknown job {job!r}; known: {', '.join(sorted(JOBS))}")
+    check_group_choices(job, overrides)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
