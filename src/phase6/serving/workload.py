@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -203,31 +203,50 @@ def load_synthetic(
     return out
 
 
-_POSITIONS = np.arange(BLOCK_TOKENS, dtype=np.uint64)
+_MASK64 = (1 << 64) - 1
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's output function (Steele et al. 2014), elementwise on uint64 (wrapping arithmetic)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+def _splitmix64(x: int) -> int:
+    """SplitMix64's output function (Steele, Lea, Flood 2014) on a 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
-def _mooncake_blocks(pool: np.ndarray, hash_ids: Sequence[int], seed: int) -> np.ndarray:
-    """Token ids of 512-token prefix blocks, shape (len(hash_ids), 512), each row a pure function of (hash id, seed):
-    position j of block h takes pool entry splitmix64(splitmix64(seed, h) + j) mod |pool| (vectorized over all the
-    blocks at once; the modulo bias is below |pool| / 2^64)."""
-    keys = [((seed & 0xFFFFFFFF) << 32) ^ (int(h) & 0xFFFFFFFFFFFFFFFF) for h in hash_ids]
-    with np.errstate(over="ignore"):
-        key = _splitmix64(np.array(keys, dtype=np.uint64))[:, None]
-        idx = _splitmix64(key + _POSITIONS[None, :]) % np.uint64(len(pool))
-    return pool[idx.astype(np.int64)]
+_STREAM_TOKENS = 1 << 22
+"""Length of the seeded random word stream that Mooncake blocks are windows of (4M tokens, ~30 MB of text)."""
 
 
-def _mooncake_block(tok: TokenizerLike, pool: np.ndarray, hash_id: int, seed: int) -> np.ndarray:
-    """Token ids of one 512-token prefix block (`_mooncake_blocks` of one id)."""
-    return _mooncake_blocks(pool, [hash_id], seed)[0]
+class _BlockStream:
+    """Mooncake prompt blocks as 512-token windows of one seeded random stream of whole-word tokens.
+
+    Block ``h`` starts at splitmix64(seed, h) mod N: a pure function of (hash id, seed), so equal hash ids give equal
+    blocks (the trace's shared prefixes) and different ones different windows. Two ids may land on the same window
+    (birthday bound ~n^2 / 2N): harmless for prefix caching, whose block hash chains over every earlier block. A
+    block's text is one slice of the stream's text, since whole-word tokens decode to the join of their strings."""
+
+    def __init__(self, tok: Any, pool: np.ndarray, seed: int) -> None:
+        ids = tok.batch_decode([[i] for i in pool.tolist()]) if hasattr(tok, "batch_decode") else None
+        pieces = np.array(ids if ids is not None else [tok.decode([i]) for i in pool.tolist()], dtype=object)
+        rng = np.random.default_rng([seed, 0x6D6F6F6E])
+        draw = rng.integers(0, len(pool), _STREAM_TOKENS + BLOCK_TOKENS)
+        self.ids = pool[draw]
+        lengths = np.fromiter((len(t) for t in pieces), dtype=np.int64, count=len(pieces))[draw]
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        self.text = "".join(pieces[draw])
+        self.seed = seed
+
+    def start(self, hash_id: int) -> int:
+        return _splitmix64(_splitmix64(self.seed & _MASK64) ^ (int(hash_id) & _MASK64)) % _STREAM_TOKENS
+
+    def ids_of(self, hash_id: int, n: int = BLOCK_TOKENS) -> np.ndarray:
+        s = self.start(hash_id)
+        return self.ids[s : s + n]
+
+    def text_of(self, hash_id: int, n: int = BLOCK_TOKENS) -> str:
+        s = self.start(hash_id)
+        return self.text[self.offsets[s] : self.offsets[s + n]]
 
 
 def _trace_requests(
@@ -276,35 +295,16 @@ _QUICK_CHECK = 2
 
 
 class _Pieces:
-    """The decoded string of each pool id (one batched decode), for building prompt text without the tokenizer.
-
-    ``join(ids)`` is ``"".join`` of the ids' strings; ``join_rows(ids2d)`` builds one string per row of a 2-D id
-    array with one vectorized byte gather (UTF-8 buffer of all pieces, offsets, ``np.repeat``), ~5x fewer Python
-    operations than joining 512 strings per block."""
+    """The decoded string of each pool id (one batched decode): ``join(ids)`` builds a text without the tokenizer."""
 
     def __init__(self, tok: Any, pool: np.ndarray) -> None:
         ids = pool.tolist()
         texts = tok.batch_decode([[i] for i in ids]) if hasattr(tok, "batch_decode") else [tok.decode([i]) for i in ids]
         self.text = np.full(int(pool.max()) + 1, "", dtype=object)
         self.text[pool] = texts
-        raw = [t.encode() for t in texts]
-        self.length = np.zeros(len(self.text), dtype=np.int64)
-        self.length[pool] = [len(b) for b in raw]
-        self.start = np.zeros(len(self.text), dtype=np.int64)
-        self.start[pool] = np.cumsum([0, *(len(b) for b in raw[:-1])])
-        self.buf = np.frombuffer(b"".join(raw), dtype=np.uint8)
 
     def join(self, ids: np.ndarray) -> str:
         return "".join(self.text[ids])
-
-    def join_rows(self, ids2d: np.ndarray) -> list[str]:
-        flat = ids2d.ravel()
-        lens = self.length[flat]
-        out_start = np.cumsum(lens) - lens
-        src = np.repeat(self.start[flat] - out_start, lens) + np.arange(int(lens.sum()))
-        data = self.buf[src].tobytes()
-        ends = np.cumsum(lens.reshape(ids2d.shape).sum(axis=1)).tolist()
-        return [data[a:b].decode() for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def load_mooncake(
@@ -317,35 +317,20 @@ def load_mooncake(
 ) -> tuple[list[BenchRequest], int]:
     """Mooncake trace rows (``phase6.fleet.workload.iter_mooncake``: strict, one-line errors naming file:line) ->
     requests with trace times; returns (requests, rows dropped for max_total_len)."""
-    pool = _content_ids(tok)
-    blocks: dict[int, np.ndarray] = {}
-    block_text: dict[int, str] = {}
-    piece = _Pieces(tok, pool)
-
-    def ids_of(h: int) -> np.ndarray:
-        if h not in blocks:
-            blocks[h] = _mooncake_block(tok, pool, h, seed)
-        return blocks[h]
-
-    def texts_of(hash_ids: Sequence[int]) -> list[str]:
-        """Block strings, the missing ones generated together (one vectorized draw per row, not per block)."""
-        new = list(dict.fromkeys(h for h in hash_ids if h not in block_text))
-        if new:
-            block_text.update(zip(new, piece.join_rows(_mooncake_blocks(pool, new, seed)), strict=True))
-        return [block_text[h] for h in hash_ids]
+    stream = _BlockStream(tok, _content_ids(tok), seed)
 
     def text(row: TraceRow) -> str:
         assert row.hash_ids is not None  # the parser checked ceil(input / 512) ids: they cover the prompt
-        ids = np.concatenate([ids_of(h) for h in row.hash_ids])[: row.input_tokens].tolist()
+        ids = np.concatenate([stream.ids_of(h) for h in row.hash_ids])[: row.input_tokens].tolist()
         return _fit(tok, tok.decode(ids, skip_special_tokens=True), row.input_tokens)
 
     def quick(row: TraceRow) -> str:
-        """The same prompt from cached block strings: whole-word tokens decode to the join of their pieces."""
+        """The same prompt as slices of the stream's text (whole-word tokens decode to the join of their strings)."""
         assert row.hash_ids is not None
         full, rest = divmod(row.input_tokens, BLOCK_TOKENS)
-        parts = texts_of(row.hash_ids[:full])
+        parts = [stream.text_of(h) for h in row.hash_ids[:full]]
         if rest:
-            parts.append(piece.join(ids_of(row.hash_ids[full])[:rest]))
+            parts.append(stream.text_of(row.hash_ids[full], rest))
         return "".join(parts)
 
     out, dropped, _ = _trace_requests(iter_mooncake(path), text, tok, time_scale, max_rows, max_total_len, quick)
