@@ -99,10 +99,7 @@ def test_redaction_covers_flag_pairs_env_names_and_values_seen_once() -> None:
     assert SECRET not in redact_text(line) and "--max-model-len 2048" in redact_text(line)
     assert SECRET not in redact_text(f"non-default args: {{'api_key': '{SECRET}', 'model': 'm'}}")
     # once seen under a secret key, the value is masked in any later text (an engine echoing its arguments)
-    assert (
-        redact_text(f"Namespace(model='m', port=8000) {SECRET}")
-        == f"Namespace(model='m', port=8000) {REDACTED}"
-    )
+    assert redact_text(f"Namespace(model='m', port=8000) {SECRET}") == f"Namespace(model='m', port=8000) {REDACTED}"
 
 
 def test_server_log_and_stored_command_never_hold_an_engine_secret(tmp_path: Path) -> None:
