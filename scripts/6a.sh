@@ -3,6 +3,7 @@
 #
 #   make 6a                                          # GPT-2 124M, one epoch of FineWeb-Edu (EXPERIMENT default)
 #   make 6a EXPERIMENT=gpt2_124m_fineweb             # the speedrun's data
+#   make 6a RECIPE=muon                              # Muon recipe: 3.25B tokens (= EXPERIMENT=gpt2_124m_muon)
 #   make 6a ARGS="train.dry_run_steps=50"            # any pretrain override goes to the trainer
 #   make 6a NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1   # multi-node: run on every node with its NODE_RANK
 #   BASELINE=1 make 6a                               # also evaluate OpenAI's gpt2 (needs the hub or its cache)
@@ -13,7 +14,12 @@ set -euo pipefail
 BIN=${BIN:-.venv/bin}
 NPROC=${NPROC:-1}
 TORCHRUN=${TORCHRUN:-"$BIN/torchrun --standalone --nproc_per_node $NPROC"}
-EXPERIMENT=${EXPERIMENT:-gpt2_124m_fineweb_edu}
+RECIPE=${RECIPE:-adamw}  # adamw: 10B tokens, tuned AdamW; muon: 3.25B tokens, Muon + AdamW (experiment=gpt2_124m_muon)
+case "$RECIPE" in
+  adamw) EXPERIMENT=${EXPERIMENT:-gpt2_124m_fineweb_edu} ;;
+  muon) EXPERIMENT=${EXPERIMENT:-gpt2_124m_muon} ;;
+  *) echo "RECIPE: must be adamw or muon, got '$RECIPE'" >&2; exit 2 ;;
+esac
 OVERRIDES=("experiment=$EXPERIMENT" "$@")
 
 # Resolve the data preset and its shard directory from the composed config (one source of truth).

@@ -26,7 +26,7 @@ HW = HardwareConfig(**yaml.safe_load((CONFIG_DIR / "hardware" / "h200.yaml").rea
     "override,key",
     [
         ("fleet.policies=[colocated,pd:0:2]", "fleet.policies"),
-        ("fleet.routers=[random]", "fleet.routers"),
+        ("fleet.routers=[fastest]", "fleet.routers"),
         ("engine.max_batched_tokens=16", "engine.max_batched_tokens"),
         ("workload.kind=parquet", "workload.kind"),
         ("slo.attainment=1.5", "slo.attainment"),

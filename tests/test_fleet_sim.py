@@ -315,7 +315,11 @@ def test_fast_paths_equal_straightforward_versions(topo: Topology, router: str, 
         think_time_s=2.0,
     )
     model = planner_model(
-        SPEC, HW, dataclasses.replace(ENG, step_overhead_ms=2.5, prefill_overhead_ms=30.0, prefill_mfu=0.4)
+        SPEC,
+        HW,
+        dataclasses.replace(
+            ENG, step_overhead_ms=2.5, prefill_overhead_ms=30.0, prefill_mfu=0.4, mixed_step="overlap"
+        ),  # the reference below is the planner's max formula; the serial mixed step has its own test
     )
     lim = EngineLimits(32, 2048, 40)  # small KV: evictions and admission waits
     fast = simulate(w, model, lim, topo, router, kv_transfer_s=xfer)

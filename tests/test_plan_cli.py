@@ -46,6 +46,15 @@ def test_explain_prints_the_derivation(tmp_path: Path) -> None:
     assert "2*80*8*128*2 = 327,680 B" in r.stdout and "decode = max(memory, compute) + all-reduce" in r.stdout
 
 
+def test_train_explain_says_why_and_what_micro_batch_means(tmp_path: Path) -> None:
+    r = _plan(tmp_path, "model=llama3.1-8b", "gpus=8", "workload=train", "plan.seq_len=4096", "--explain")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "why this layout:" in out and "within 5% of the" in out and "fewer model-parallel dimensions" in out
+    assert "plan.micro_batch = sequences per micro-batch per data-parallel replica" in out and "local_batch" in out
+    assert "GEMM" in out and "attention 12*L*H*Q*T/2 (causal)" in out
+
+
 def test_hf_config_json_and_profile(tmp_path: Path) -> None:
     cfg = {
         "model_type": "llama",
@@ -71,6 +80,11 @@ def test_hf_config_json_and_profile(tmp_path: Path) -> None:
         (["model=qwen2.5-7b", "gpus=8", "plan.tp=8"], "gpus"),  # TP does not divide 28 heads
         (["workload=infer"], "workload"),
         (["plan.hf_config=/nonexistent/config.json"], "plan.hf_config"),
+        (["workload=serve", "plan.cp=2"], "context parallelism is a training layout"),
+        (["model=nope"], "unknown preset 'nope'; known: gpt2"),
+        (["workload=train", "plan.seq_len=4096", "plan.global_batch_tokens=1000"], "less than one sequence"),
+        (["model=gpt2", "workload=serve", "plan.context_len=4096"], "exceeds gpt2's max_position_embeddings 1024"),
+        (["model=gpt2", "workload=train", "plan.seq_len=2048"], "plan.seq_len: 2048 exceeds"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path: Path, args: list[str], key: str) -> None:

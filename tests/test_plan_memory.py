@@ -112,3 +112,39 @@ def test_kv_heads_replicate_beyond_their_count() -> None:
     llama = resolve_model("llama3.1-70b")  # 8 KV heads: tp=16 still holds one each (replicated), not half
     assert serve_memory(llama, 16, 1, 1024, 80, 0.9, 1.0).kv_bytes_per_token == 2 * 80 * 1 * 128 * 2
     assert serve_memory(llama, 8, 1, 1024, 80, 0.9, 1.0).kv_bytes_per_token == 327_680 / 8
+
+
+def test_pp_with_fsdp_keeps_the_stage_unsharded_as_torchtitan_does() -> None:
+    # torchtitan: reshard_after_forward = not pp_enabled. Llama-3.1-405B FSDP8 x TP8 x PP8: the old per-block model
+    # said 21-23 GiB/GPU, torchtitan reports 72.7-82.5 GiB (benchmarks/llama3_h100_202412_torchtitan.md Table 5,
+    # local batch 32 = 8 micro-batches of 4, full AC, Float8 + compile).
+    m = ModelSpec.from_hf_config(
+        dict(
+            model_type="llama",
+            num_hidden_layers=126,
+            hidden_size=16384,
+            num_attention_heads=128,
+            num_key_value_heads=8,
+            intermediate_size=53248,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+        )
+    )
+    lay = ParallelLayout(dp=8, tp=8, pp=8)
+    s = TrainSetup(8192, 256 * 8192, micro_batch=4, zero=3, activation_checkpointing=True, pp_schedule="interleaved")
+    mem = train_memory(m, lay, s, overhead_gib=1.5)
+    stage = (16 * 16384 * (2 * 16384 + 2 * 1024) + 16 * 3 * 16384 * 53248) / 8  # ~16 blocks / TP8, per GPU
+    assert mem.transient >= stage * (2 + 4) * 0.95  # bf16 params + unsharded grads of the stage stay resident
+    assert 70 <= mem.total / GIB <= 85
+    no_pp = train_memory(m, ParallelLayout(dp=64, tp=8), s, overhead_gib=1.5)
+    assert no_pp.transient < mem.transient / 10  # without PP only two blocks are gathered at a time
+
+
+def test_serving_reserve_grows_with_context_up_to_the_chunk() -> None:
+    m = resolve_model("llama3.1-8b")
+    mems = [serve_memory(m, 1, 1, ctx, 80.0, 0.9, 1.0, max_num_batched_tokens=8192) for ctx in (1024, 4096, 32768)]
+    over = [x.overhead_bytes for x in mems]
+    assert over[0] < over[1] < over[2]
+    assert over[2] == pytest.approx(over[1] + (8192 - 4096) * 2 * (3 * 14336 + 4 * 4096))  # capped at the chunk
+    flat = serve_memory(m, 1, 1, 32768, 80.0, 0.9, 1.0)
+    assert flat.overhead_bytes == 1.0 * GIB  # max_num_batched_tokens=0: the fixed reserve only

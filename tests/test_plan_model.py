@@ -113,3 +113,13 @@ def test_bad_hf_config_path_and_json(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         resolve_model({}, hf_config=str(bad))
+
+
+def test_moe_fields_without_experts_are_not_planned_as_dense() -> None:
+    cfg = {**load_preset("llama3.1-8b"), "n_routed_experts": 64, "num_experts_per_tok": 6}
+    with pytest.raises(ValueError, match="looks like an MoE model .*n_routed_experts.*refusing") as e:
+        ModelSpec.from_hf_config(cfg, source="x.json")
+    assert "\n" not in str(e.value)
+    mixed = {**load_preset("mixtral-8x7b"), "first_k_dense_replace": 1}
+    with pytest.raises(ValueError, match="first_k_dense_replace"):
+        ModelSpec.from_hf_config(mixed, source="y.json")

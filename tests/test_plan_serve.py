@@ -84,3 +84,19 @@ def test_step_and_prefill_overheads() -> None:
     assert lat.decode_ms == pytest.approx(1e3 * m.decode_step_s(8, 1000))
     with pytest.raises(ValueError, match=r"plan.efficiency.prefill_overhead_ms: must be >= 0 ms, got -1"):
         EfficiencyConfig(prefill_overhead_ms=-1.0)
+
+
+def test_fp8_weights_prefill_on_fp8_tensor_cores() -> None:
+    import yaml
+
+    from phase6.config import HardwareConfig
+    from phase6.plan.validate import HARDWARE_DIR
+
+    hw = HardwareConfig(**yaml.safe_load((HARDWARE_DIR / "h100_sxm.yaml").read_text()))
+    bf16 = ServeCostModel(LLAMA70, hw, tp=4, efficiency=EFF, weight_bytes=2.0)
+    fp8 = ServeCostModel(LLAMA70, hw, tp=4, efficiency=EFF, weight_bytes=1.0)
+    assert fp8.compute_s(8192, 0) == pytest.approx(bf16.compute_s(8192, 0) * hw.peak_bf16_tflops / hw.peak_fp8_tflops)
+    assert fp8.prefill_s(4096) < bf16.prefill_s(4096)
+    # no FP8 units (A100): same rate
+    a100 = HardwareConfig(**yaml.safe_load((HARDWARE_DIR / "a100_80gb.yaml").read_text()))
+    assert ServeCostModel(LLAMA70, a100, tp=4, weight_bytes=1.0).fp8_speedup == 1.0

@@ -28,6 +28,7 @@ from phase6.runrecord import read_metrics, read_results
 REPO = CONFIG_DIR.parent
 TRAIN = load_object("projects/6a_pretrain/train.py:main")
 LOSS_TOL = 1e-5  # DDP/FSDP2 vs one process: same math, different reduction order (fp32)
+MUON_LOSS_TOL = 1e-4  # the same with Muon, whose bf16 Newton-Schulz can round the two runs' gradients differently
 
 
 @pytest.fixture(scope="module")
@@ -122,13 +123,19 @@ def test_smoke_run_directory(tmp_path: Path, data_dir: str) -> None:
     assert abs(hf_val / 2 - val[-1]) < 1e-5
 
 
-def test_exact_resume(tmp_path: Path, data_dir: str) -> None:
+def with_optim(cfg: PretrainRunConfig, algorithm: str) -> PretrainRunConfig:
+    cfg.optim = OptimConfig(lr=3e-3, warmup_steps=2, algorithm=algorithm)
+    return cfg
+
+
+@pytest.mark.parametrize("algorithm", ["adamw", "muon"])  # muon: Muon's momentum buffers + AdamW's moments
+def test_exact_resume(tmp_path: Path, data_dir: str, algorithm: str) -> None:
     full = tmp_path / "full"
-    TRAIN(make_cfg(full, data_dir))  # uninterrupted 8 steps; checkpoint at 4 written mid-run
+    TRAIN(with_optim(make_cfg(full, data_dir), algorithm))  # uninterrupted 8 steps; checkpoint at 4 written mid-run
     ref = losses(full)
     resumed = tmp_path / "resumed"
     cfg = make_cfg(resumed, data_dir, resume=str(full / "checkpoints" / "step_00000004.pt"))
-    TRAIN(cfg)
+    TRAIN(with_optim(cfg, algorithm))
     got = losses(resumed)
     assert sorted(got) == [5, 6, 7, 8]
     assert [got[s] for s in range(5, 9)] == [ref[s] for s in range(5, 9)]  # bit-identical, not just close
@@ -187,7 +194,7 @@ def test_grad_accumulation_equals_one_big_batch(tmp_path: Path, data_dir: str) -
 # --- 2 processes (torchrun, gloo) vs 1 process at the same global batch ----------------------------------------
 
 
-def torchrun(run_dir: Path, data_dir: str, mode: str) -> subprocess.CompletedProcess[str]:
+def torchrun(run_dir: Path, data_dir: str, mode: str, *extra: str) -> subprocess.CompletedProcess[str]:
     overrides = [
         "experiment=smoke",
         f"run.dir={run_dir}",
@@ -210,6 +217,7 @@ def torchrun(run_dir: Path, data_dir: str, mode: str) -> subprocess.CompletedPro
         "train.export_hf=false",
         "predict.scaling_presets=[]",
         f"parallel.mode={mode}",
+        *extra,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
     cmd = [
@@ -245,3 +253,19 @@ def test_two_process_gloo_matches_one_process(tmp_path: Path, data_dir: str, one
     assert read_results(run)["rows"][0]["gpus"] == 2
     ckpt = torch.load(run / "checkpoints" / "step_00000004.pt", weights_only=True)
     assert ckpt["world_size"] == 2 and ckpt["model"]["transformer.wte.weight"].shape == (320, 32)  # full, unsharded
+
+
+def test_two_process_gloo_ddp_with_muon_matches_one_process(tmp_path: Path, data_dir: str) -> None:
+    """Muon under DDP: every rank orthogonalizes the same all-reduced gradients, so the ranks stay identical and
+    match one process (Newton-Schulz runs in bf16, hence the looser tolerance)."""
+    one = tmp_path / "one"
+    TRAIN(with_optim(make_cfg(one, data_dir, micro_batch_size=4, max_steps=4, ckpt_every=2), "muon"))
+    ref = losses(one)
+    run = tmp_path / "ddp"
+    proc = torchrun(run, data_dir, "ddp", "optim.algorithm=muon")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = losses(run)
+    assert sorted(got) == [1, 2, 3, 4]
+    assert all(abs(got[s] - ref[s]) < MUON_LOSS_TOL for s in got), (got, ref)
+    ckpt = torch.load(run / "checkpoints" / "step_00000004.pt", weights_only=True)
+    assert "momentum_buffer" in ckpt["optimizer"]["state"]["transformer.h.0.mlp.c_fc.weight"]

@@ -78,6 +78,8 @@ def predict(
         mfu=p.mfu,
         train_tokens=float(cfg.train.total_tokens()),
         activation_checkpointing=cfg.parallel.activation_checkpointing,
+        optimizer=cfg.optim.algorithm,
+        ns_steps=cfg.optim.muon_ns_steps,
         **kwargs,
     )
 
@@ -412,7 +414,9 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         "max_steps": tc.max_steps,
         "token budget": tc.total_tokens(),
         "schedule": cfg.optim.schedule,
+        "optimizer": "Muon (hidden matrices) + AdamW" if cfg.optim.algorithm == "muon" else "AdamW",
         "peak lr": cfg.optim.lr,
+        **({"peak lr Muon": cfg.optim.muon_lr} if cfg.optim.algorithm == "muon" else {}),
         "warmup": cfg.optim.warmup_steps,
         "warmdown": cfg.optim.warmdown_steps,
         "final lr": cfg.optim.lr * cfg.optim.min_lr_ratio,

@@ -1,7 +1,7 @@
 """Atomic, exactly-resumable training checkpoints.
 
 One file per checkpoint, `<dir>/step_<NNNNNNNN>.pt`, holding: full (unsharded) model and optimizer state keyed by
-parameter name (torch.distributed.checkpoint.state_dict, so DDP, FSDP2 and plain modules save the same layout),
+parameter name (AdamW's moments; with Muon, its momentum buffers too) (torch.distributed.checkpoint.state_dict, so DDP, FSDP2 and plain modules save the same layout),
 scheduler state, the step, every rank's data-loader position and RNG states, and free-form metadata.
 Everything is tensors or plain Python data so `torch.load(weights_only=True)` reads it back.
 
@@ -70,6 +70,12 @@ def _gather(obj: Any) -> list[Any]:
     return out
 
 
+def _optimizers(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    """The real optimizers behind `optimizer` (phase6.optim.MuonAdamW holds Muon + AdamW), whose states DCP merges
+    into one name-keyed state dict."""
+    return list(getattr(optimizer, "optimizers", [optimizer]))
+
+
 def checkpoint_path(ckpt_dir: str | os.PathLike[str], step: int) -> Path:
     return Path(ckpt_dir) / f"step_{step:08d}.pt"
 
@@ -128,7 +134,7 @@ def save_checkpoint(
     """Collective: every rank calls it; rank 0 writes `step_<step>.pt` atomically and prunes to `keep` files."""
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(model, options=opts)
-    optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
+    optim_sd = get_optimizer_state_dict(model, _optimizers(optimizer), options=opts)
     ranks_data = _gather(data_state)
     ranks_rng = _gather(capture_rng())
     path = checkpoint_path(ckpt_dir, step)
@@ -189,7 +195,7 @@ def load_checkpoint(
         )
     opts = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, state["model"], options=opts)
-    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=opts)
+    set_optimizer_state_dict(model, _optimizers(optimizer), state["optimizer"], options=opts)
     scheduler.load_state_dict(state["scheduler"])
     restore_rng(state["rng"][rank])
     return {"step": state["step"], "data": state["data"][rank], "meta": state["meta"]}

@@ -99,13 +99,28 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the scripting interface)."),
     explain: bool = typer.Option(False, "--explain", help="Print the derivation with every number."),
 ) -> None:
-    """Predict memory, comm, step time or serving latency; rank layouts. `phase6 plan calibrate -h` to measure."""
+    """Predict memory, comm, step time or serving latency; rank layouts. `phase6 plan calibrate -h` to measure,
+    `phase6 plan validate` to hold the model against published runs."""
     if ctx.args[:1] == ["calibrate"]:
         from phase6.plan.calibrate import cli_main
 
         with one_line_errors():
             cli_main(ctx.args[1:])
         return
+    if ctx.args[:1] == ["validate"]:
+        from phase6.plan.validate import cli_main as validate_main
+
+        with one_line_errors():
+            validate_main(ctx.args[1:] + (["--json"] if json_out else []))
+        return
+    from phase6.plan.model import list_presets
+
+    for arg in ctx.args:  # Hydra's own message ("Could not find 'model/x'") does not say what exists
+        if arg.startswith("model=") and "," not in arg and arg[len("model=") :] not in list_presets():
+            fail(
+                f"model: unknown preset {arg[len('model=') :]!r}; known: {', '.join(list_presets())} "
+                "(or pass plan.hf_config=PATH/config.json)"
+            )
     output = ["plan.output=json"] if json_out else ["plan.output=explain"] if explain else []
     run("plan", ctx.args + output, multirun)
 

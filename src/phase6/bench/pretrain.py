@@ -9,7 +9,7 @@ markdown table and writes it as JSON (--out).
     phase6 bench pretrain --device cpu --preset gpt2_tiny --seq-len 32 --batch-size 2 --accum 2 --levers flash,tf32
                                                                                  # the code path on CPU (no compile)
 
-Rows, in run order (`--rows` picks among baseline, hf, levers, combined, accum, multi):
+Rows, in run order (`--rows` picks among baseline, hf, levers, combined, accum, multi, muon; muon is not a default):
   baseline  ours, default torch.compile, SDPA auto, B=--batch-size (64), one micro-step per optimizer step
   hf        HF GPT2LMHeadModel (attn_implementation=sdpa, vocab 50257 as shipped), compiled, B=--hf-batch-size (32)
   levers    ours + each lever of --levers alone, at the baseline shape (table below)
@@ -19,6 +19,8 @@ Rows, in run order (`--rows` picks among baseline, hf, levers, combined, accum, 
   accum     the combined config at B x --accum micro-steps (64 x 8 x 1024 = 524,288 tokens: the training step)
   multi     the combined config under torchrun on 2 GPUs, DDP and FSDP2, B x --accum per GPU. Scaling efficiency is
             2-GPU tokens/s / (2 x the accum row).
+  muon      the combined config with optim=muon (torch.optim.Muon on the hidden matrices + fused AdamW), at B x 1
+            and B x --accum: the Newton-Schulz cost against the AdamW rows of the same shapes (baseline / accum).
 A lever is a set of config overrides that projects/6a_pretrain/train.py honours too (the `overrides` line printed
 at the end is the combined config, ready for `phase6 pretrain ...`).
 
@@ -136,7 +138,12 @@ from phase6.optim import build_optimizer, clip_grad_norm
 from phase6.parallel import parallelize, set_grad_sync
 
 RESULT_TAG = "PHASE6_BENCH_JSON "
-ROWS = ("baseline", "hf", "levers", "combined", "accum", "multi")
+ROWS = ("baseline", "hf", "levers", "combined", "accum", "multi", "muon")
+DEFAULT_ROWS = ROWS[:-1]
+# optim=muon: + 1.52 TFLOP of Newton-Schulz per optimizer step (GPT-2 124M, 5 iterations; phase6.plan.pretrain) at
+# NS_EFFICIENCY = 15 % of 989 TFLOP/s = 10.3 ms per step, on ~115 ms (B=64) or ~930 ms (B=64 x 8) of AdamW step.
+# Measured 2026-12-01 (one H200): -9.0 % at x1, -3.2 % at x8 (the blind prediction had been -5 % / -0.7 %).
+MUON_PREDICTED = {1: "-8% vs AdamW at B x 1 (+10 ms NS)", 8: "-1% vs AdamW at x8 (+10 ms NS)"}
 
 
 @dataclass(frozen=True)
@@ -292,7 +299,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64, help="micro-batch of our rows (and per GPU in multi)")
     p.add_argument("--accum", type=int, default=8, help="micro-steps per optimizer step of the accum / multi rows")
     p.add_argument("--hf-batch-size", type=int, default=32, help="micro-batch of the HF GPT2LMHeadModel row")
-    p.add_argument("--rows", default=",".join(ROWS), help=f"comma list of: {', '.join(ROWS)}")
+    p.add_argument("--rows", default=",".join(DEFAULT_ROWS), help=f"comma list of: {', '.join(ROWS)}")
     p.add_argument("--levers", default=DEFAULT_LEVERS, help=f"comma list of: {', '.join(LEVERS)}")
     p.add_argument("--combine", default="auto", help="'auto' (the winners), 'none', or a comma list of levers")
     p.add_argument("--min-gain-pct", type=float, default=1.0, help="a lever wins above this gain over the baseline")
@@ -435,16 +442,18 @@ def run_setup(
     accums: list[int],
     label: str,
     mode: str = "ddp",
+    optim: str = "adamw_tuned",
 ) -> list[dict[str, Any]]:
-    """Our GPT through phase6.parallel (SDPA pin, compile, DDP / FSDP2) and phase6.optim (fused AdamW), one row per
-    accumulation setting; all share one compiled model (same micro-batch shape)."""
+    """Our GPT through phase6.parallel (SDPA pin, compile, DDP / FSDP2) and phase6.optim (fused AdamW, or Muon +
+    AdamW with optim='muon'), one row per accumulation setting; all share one compiled model (same micro-batch
+    shape)."""
     device, T, B = info.device, args.seq_len, args.batch_size
     reset(device)
     torch.backends.cuda.matmul.allow_tf32 = setup.tf32  # set for every row: no leak from the previous one
     use_bf16 = device.type == "cuda"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
     check_precision(setup.model, use_bf16)
-    ocfg = OptimConfig(**{k: v for k, v in load_yaml("pretrain/optim", "adamw_tuned").items() if k != "name"})
+    ocfg = OptimConfig(**{k: v for k, v in load_yaml("pretrain/optim", optim).items() if k != "name"})
     torch.manual_seed(0)
     with torch.device(device):
         model = GPT(setup.model)
@@ -775,6 +784,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 rows[-1]["scaling eff %"] = 100 * rows[-1]["tokens/s"] / (2 * one_gpu["tokens/s"])
     elif "multi" in wanted:
         print("(2-GPU rows skipped: fewer than 2 CUDA devices visible)", flush=True)
+
+    # 6. Muon at the combined config's shapes (its AdamW twins: the baseline / combined row and the accum row)
+    if "muon" in wanted:
+        macc = [1, A]
+        levers = "+".join(combined_setup.levers) or "-"
+        mrun = partial(run_setup, args, combined_setup, info, peak, macc, "ours muon", optim="muon")
+        attempt("ours muon", levers, macc, 1, mrun)
+        for r in rows[-len(macc) :]:
+            r["predicted"] = MUON_PREDICTED.get(r["accum"])
 
     if base:
         for r in rows:

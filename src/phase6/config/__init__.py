@@ -100,6 +100,22 @@ class HardwareConfig:
     """Small-message collective latency across nodes, microseconds."""
     gpus_per_node: int = 8
     """Accelerators per node."""
+    matmul_tflops_bf16: float = 0.0
+    """Achievable dense bf16 GEMM TFLOP/s (kernel level, e.g. the published Maximum Achievable Matmul FLOPS or
+    `phase6 plan calibrate`'s measured matmul); 0 = unknown (the planner assumes 0.8 x peak and says so)."""
+    peak_fp8_tflops: float = 0.0
+    """Dense FP8 tensor-core peak in TFLOP/s; 0 = no FP8 tensor cores (FP8 weights then run at the bf16 rate)."""
+    matmul_tflops_fp8: float = 0.0
+    """Achievable dense FP8 GEMM TFLOP/s (published MAMF); 0 = 0.7 x peak_fp8_tflops."""
+    attention_tflops_bf16: float = 0.0
+    """Achievable flash-attention forward+backward TFLOP/s on the causal FLOPs actually executed (head_dim 128);
+    0 = unknown (0.4 x peak)."""
+    nvlink_busbw_gbps: float = 0.0
+    """NCCL bus bandwidth inside a node (nccl-tests busbw, ring / all-gather / reduce-scatter), GB/s; 0 = 0.8 x
+    nvlink_gbps (NCCL protocol overhead ~20%, NVIDIA/nccl-tests#212)."""
+    internode_busbw_gbps: float = 0.0
+    """NCCL bus bandwidth per GPU across nodes, GB/s; 0 = 0.96 x internode_gbps (NVIDIA/nccl#1576: 8x200 Gb/s HDR
+    -> 192 GB/s all-reduce busbw; nccl-tests#267: NDR 400 Gb/s -> 48-49 GB/s per NIC)."""
     usd_per_gpu_hour: float = 0.0
     """On-demand rental price per GPU-hour in USD."""
     source: str = ""
@@ -112,6 +128,15 @@ class HardwareConfig:
             require(getattr(self, k) > 0, f"hardware.{k}", f"must be > 0, got {getattr(self, k)}")
         require(self.usd_per_gpu_hour >= 0, "hardware.usd_per_gpu_hour", f"must be >= 0, got {self.usd_per_gpu_hour}")
         require(self.gpus_per_node >= 1, "hardware.gpus_per_node", f"must be >= 1, got {self.gpus_per_node}")
+        for k in (
+            "matmul_tflops_bf16",
+            "peak_fp8_tflops",
+            "matmul_tflops_fp8",
+            "attention_tflops_bf16",
+            "nvlink_busbw_gbps",
+            "internode_busbw_gbps",
+        ):
+            require(getattr(self, k) >= 0, f"hardware.{k}", f"must be >= 0 (0 = unknown), got {getattr(self, k)}")
 
 
 HF_DTYPES = ("bf16", "fp32", "auto")

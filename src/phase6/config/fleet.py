@@ -12,7 +12,9 @@ from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
 
 WORKLOAD_KINDS = ("mooncake", "azure", "synthetic")
 STEP_TIME_SOURCES = ("planner", "table")
-ROUTERS = ("round_robin", "least_loaded", "prefix_aware", "session_affinity")
+ROUTERS = ("random", "round_robin", "least_loaded", "prefix_aware", "session_affinity")
+MIXED_STEPS = ("serial", "overlap")
+HOST_TIERS = ("local", "global")
 SIM_ENGINES = ("simpy", "heapq")
 KV_LINKS = ("internode", "nvlink")
 ENGINE_PROFILES = ("vllm", "torch-tp")
@@ -128,8 +130,10 @@ class EngineConfig:
     """Planner: fraction of HBM bandwidth a memory-bound step achieves (plan EfficiencyConfig)."""
     runtime_overhead_gib: float = 1.5
     """Planner: per-GPU memory outside weights and KV (CUDA context, NCCL buffers, activations), GiB."""
-    step_overhead_ms: float = 0.0
-    """Planner: fixed per-step cost (scheduler, sampling, launches), ms; calibrate from serve-bench TPOT at C=1."""
+    step_overhead_ms: float = 5.0
+    """Planner: fixed per-step cost (scheduler, sampling, launches), ms. Default: the value measured on phase6's own
+    engine, TPOT at C=1 minus the weight read, 4.46 / 4.95 ms at TP=1 / 2 on one H200 (docs/benchmarks.md,
+    "Validation on the compiled-prefill engine"); `analysis.compare_with` refits it on a serve-bench run."""
     prefill_overhead_ms: float = 0.0
     """Planner: extra fixed cost of a step that prefills, ms (plan EfficiencyConfig.prefill_overhead_ms); calibrate
     from the TTFT-vs-prompt-length line of a serve-bench run at C=1."""
@@ -147,6 +151,26 @@ class EngineConfig:
     cuda_graphs: bool = False
     """torch-tp: --cuda-graphs (decode padded to (batch, KV length) buckets; the server's default is off: eager
     decode, exact batch, every row attending to the longest row's length)."""
+    mixed_step: str = "serial"
+    """vllm profile: cost of a step mixing prefill and decode (phase6.fleet.interference): serial (GEMMs over all
+    tokens, then prefill attention, then the decode rows' KV read: kernels do not overlap) | overlap (the planner's
+    max(compute, memory) of the whole batch)."""
+    chunked_prefill: bool = True
+    """vllm profile: True = vLLM V1 (decodes first, prompts chunked into the rest of the budget); False = vLLM V0's
+    default scheduler (the baselines of DistServe and Mooncake): whole prompts in prefill-only steps that pause the
+    running decodes."""
+    prefill_tp: int | None = None
+    """PD: TP of the prefill pool's replicas (None = engine.tp); DistServe picks each phase's parallelism."""
+    decode_tp: int | None = None
+    """PD: TP of the decode pool's replicas (None = engine.tp)."""
+    host_kv_gib: float = 0.0
+    """Second KV tier: host memory per replica for prefix blocks evicted from HBM (0 = none; phase6.fleet.kvcache)."""
+    host_tier: str = "local"
+    """local (each replica its own host memory, loaded over PCIe) | global (one pool of every replica's host memory,
+    Mooncake Store; loaded over RDMA at hardware.internode_gbps per GPU)."""
+    host_link_gbps: float = 25.0
+    """Host -> GPU copy bandwidth per GPU for the local tier, GB/s (PCIe 4.0 x16: 32 GB/s raw per direction,
+    ~25 GB/s achieved; PCI-SIG 4.0 spec / NVIDIA bandwidthTest)."""
 
     def __post_init__(self) -> None:
         require(self.tp >= 1, "engine.tp", f"must be >= 1, got {self.tp}")
@@ -161,6 +185,15 @@ class EngineConfig:
             "torch-tp shapes the planner's step times (engine.step_time=planner), not a measured table",
         )
         require(self.max_model_len >= 2, "engine.max_model_len", f"must be >= 2, got {self.max_model_len}")
+        require(
+            self.mixed_step in MIXED_STEPS, "engine.mixed_step", f"must be serial or overlap, got {self.mixed_step!r}"
+        )
+        require(self.host_tier in HOST_TIERS, "engine.host_tier", f"must be local or global, got {self.host_tier!r}")
+        require(self.host_kv_gib >= 0, "engine.host_kv_gib", f"must be >= 0, got {self.host_kv_gib}")
+        require(self.host_link_gbps > 0, "engine.host_link_gbps", f"must be > 0, got {self.host_link_gbps}")
+        for k in ("prefill_tp", "decode_tp"):
+            v = getattr(self, k)
+            require(v is None or v >= 1, f"engine.{k}", f"must be >= 1 or null, got {v}")
         require(self.max_num_seqs >= 1, "engine.max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
         require(
             self.max_batched_tokens >= self.max_num_seqs,
@@ -294,8 +327,12 @@ class SloConfig:
     """Time per output token limit, ms; TPOT = (E2E - TTFT) / (output_tokens - 1)."""
     attainment: float = 0.9
     """Fraction of requests that must be good for a rate to count as served (DistServe uses 90 %)."""
+    tbt_ms: float | None = None
+    """Per-token SLO: a request is good only if the mean of its slowest 10 % of token gaps (Mooncake's TBT) is <= this,
+    ms (phase6.fleet.tokens); None = no per-token SLO (TTFT and the per-request mean TPOT only)."""
 
     def __post_init__(self) -> None:
+        require(self.tbt_ms is None or self.tbt_ms > 0, "slo.tbt_ms", f"must be > 0 or null, got {self.tbt_ms}")
         require(self.ttft_ms > 0, "slo.ttft_ms", f"must be > 0, got {self.ttft_ms}")
         require(self.tpot_ms > 0, "slo.tpot_ms", f"must be > 0, got {self.tpot_ms}")
         require(0 < self.attainment <= 1, "slo.attainment", f"must be in (0, 1], got {self.attainment}")
@@ -323,6 +360,11 @@ class AnalysisConfig:
     """Least requests per simulated rate point of the grid (more at high rates: >= 10 request lifetimes of arrivals)."""
     rate_search_steps: int = 8
     """Bisection steps of a max-rate search."""
+    papers: bool = False
+    """Build the table of published claims (Mooncake, DistServe, Splitwise) vs simulated (phase6.fleet.papers);
+    needs the traces of ../shared/data (or $PHASE6_SHARED_DATA)."""
+    papers_requests: int = 1000
+    """Requests per simulated trace in the papers table (the Splitwise run takes 4x this)."""
     compare_with: str | None = None
     """A `phase6 serve-bench` run dir (or its results.json) or -m sweep dir: replay each closed-loop run's requests
     in the simulator and report the errors (phase6.fleet.compare)."""
@@ -374,6 +416,7 @@ class AnalysisConfig:
         require(
             self.rate_search_steps >= 2, "analysis.rate_search_steps", f"must be >= 2, got {self.rate_search_steps}"
         )
+        require(self.papers_requests >= 50, "analysis.papers_requests", f"must be >= 50, got {self.papers_requests}")
 
 
 @dataclass

@@ -17,7 +17,7 @@ from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
 
 WORKLOADS = ("serve", "train")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
-AC_MODES = ("auto", "none", "full")
+AC_MODES = ("auto", "none", "selective", "full")
 OUTPUTS = ("table", "json", "explain")
 
 
@@ -26,7 +26,9 @@ class EfficiencyConfig:
     """How close to peak the kernels run (assumptions; override or calibrate)."""
 
     mfu: float | None = None
-    """Training MFU vs the dense bf16 peak; None = the size prior in phase6.plan.pretrain.MFU_PRIORS (sourced)."""
+    """Training: a compute-only efficiency vs the dense bf16 peak for the whole forward+backward (communication and
+    bubble are still added on top); None (default) = the kernel-level model: GEMMs at the hardware's achievable matmul
+    rate, attention at its flash rate, memory-bound kernels at HBM bandwidth (phase6.plan.train.compute_breakdown)."""
     prefill_mfu: float = 0.5
     """Prefill matmul efficiency vs peak: large-batch GEMMs reach ~60-80% (H200 8192^3 matmul 769-798 of 989 TF,
     configs/hardware/h200.yaml), less attention/norm/sampling overheads; vLLM prefill typically ~50%."""
@@ -36,8 +38,12 @@ class EfficiencyConfig:
     gpu_memory_utilization: float = 0.9
     """Fraction of HBM the engine may use (vLLM --gpu-memory-utilization default 0.9)."""
     runtime_overhead_gib: float = 1.5
-    """Per-GPU memory outside weights/KV/activations we model: CUDA context (~0.5 GiB), NCCL buffers, allocator
-    fragmentation, a prefill chunk's activations."""
+    """Per-GPU memory outside weights/KV/activations we model: CUDA context (~0.5 GiB), NCCL buffers, CUDA graphs,
+    allocator fragmentation. Serving adds the activations of one prefill chunk of min(context_len,
+    max_num_batched_tokens) tokens on top (phase6.plan.memory.serve_memory)."""
+    max_num_batched_tokens: int = 8192
+    """Serving: tokens one engine step may process (vLLM --max-num-batched-tokens, chunked prefill); its forward's
+    activations are reserved beside the KV cache (vLLM's profile run)."""
     step_overhead_ms: float = 0.0
     """Serving: fixed time every engine step pays on top of the roofline (scheduler, sampling, kernel launches,
     host-device syncs), ms. 0 = pure roofline. phase6's torch-tp server on one H200: ~5 ms (Qwen2.5-14B shapes, TPOT
@@ -58,6 +64,11 @@ class EfficiencyConfig:
             self.runtime_overhead_gib >= 0,
             "plan.efficiency.runtime_overhead_gib",
             f"must be >= 0, got {self.runtime_overhead_gib}",
+        )
+        require(
+            self.max_num_batched_tokens >= 0,
+            "plan.efficiency.max_num_batched_tokens",
+            f"must be >= 0 (0 = no activation reserve), got {self.max_num_batched_tokens}",
         )
         for k in ("step_overhead_ms", "prefill_overhead_ms"):
             v = getattr(self, k)
@@ -96,7 +107,14 @@ class PlanConfig:
     zero: int | None = None
     """ZeRO stage 0-3 (3 = FSDP); None = enumerate 0, 1, 2, 3."""
     activation_checkpointing: str = "auto"
-    """none | full | auto (none where it fits, else full)."""
+    """none | selective | full | auto (each of the three per layout; the fastest that fits wins). Selective = op-level
+    (torchtitan selective_ac_option=op: every other matmul output saved)."""
+    fp8: bool = False
+    """Training with FP8 linear layers (torchtitan Float8, TE fp8): GEMMs at the hardware's FP8 rate."""
+    fused_elementwise: bool = True
+    """Norms, activations, RoPE fused (torch.compile / TE); false = eager PyTorch (more HBM traffic)."""
+    tp_comm_overlap: bool = False
+    """TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."""
     pp_schedule: str = "1f1b"
     """gpipe | 1f1b | interleaved | zero_bubble (ZB-H1)."""
     virtual_stages: int = 2
@@ -107,8 +125,9 @@ class PlanConfig:
     train_tokens: float = 0.0
     """Token budget for GPU-hours and $; 0 = 20 tokens per parameter (Chinchilla, arXiv 2203.15556)."""
     # serving
-    context_len: int = 8192
-    """Serving context (prompt + output) per sequence for KV capacity and decode cost."""
+    context_len: int | None = None
+    """Serving context (prompt + output) per sequence for KV capacity and decode cost (vLLM max_model_len); None =
+    min(8192, the model's max_position_embeddings). A value above max_position_embeddings is an error."""
     prompt_len: int = 1024
     """Prompt length for the prefill (TTFT) prediction."""
     batch_sizes: list[int] = field(default_factory=lambda: [1, 16, 64])
@@ -128,8 +147,20 @@ class PlanConfig:
             require(v is None or v >= 1, f"plan.{k}", f"must be >= 1 or null, got {v}")
         require(self.top_k >= 1, "plan.top_k", f"must be >= 1, got {self.top_k}")
         require(self.output in OUTPUTS, "plan.output", f"must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
-        for k in ("seq_len", "global_batch_tokens", "micro_batch", "virtual_stages", "context_len", "prompt_len"):
+        require(
+            self.context_len is None or self.context_len >= 1,
+            "plan.context_len",
+            f"must be >= 1 or null, got {self.context_len}",
+        )
+        for k in ("seq_len", "global_batch_tokens", "micro_batch", "virtual_stages", "prompt_len"):
             require(getattr(self, k) >= 1, f"plan.{k}", f"must be >= 1, got {getattr(self, k)}")
+        require(
+            self.global_batch_tokens >= self.seq_len,
+            "plan.global_batch_tokens",
+            f"{self.global_batch_tokens} is less than one sequence (plan.seq_len={self.seq_len}); a step holds whole "
+            "sequences",
+        )
+
         require(self.zero in (None, 0, 1, 2, 3), "plan.zero", f"must be 0, 1, 2, 3 or null, got {self.zero}")
         require(
             self.activation_checkpointing in AC_MODES,
@@ -207,6 +238,15 @@ class PlanRunConfig:
             read_profile(self.plan.profile)
 
         spec = resolve_model(self.model, self.plan.hf_config)
+        if self.plan.context_len is None:
+            self.plan.context_len = min(8192, spec.max_position_embeddings)
+        longest = self.plan.seq_len if self.workload == "train" else self.plan.context_len
+        key = "plan.seq_len" if self.workload == "train" else "plan.context_len"
+        require(
+            longest <= spec.max_position_embeddings,
+            key,
+            f"{longest} exceeds {spec.name}'s max_position_embeddings {spec.max_position_embeddings}",
+        )
         layouts(
             spec,
             self.gpus,

@@ -16,6 +16,8 @@ from phase6.config.data import DataConfig
 from phase6.evals.battery import LocalTask
 
 SCHEDULES = ("cosine", "warmdown")
+ALGORITHMS = ("adamw", "muon")
+MUON_ADJUST_LR = ("original", "match_rms_adamw")
 PARALLEL_MODES = ("ddp", "fsdp2")
 SANITY_MODES = ("none", "overfit_batch")
 DTYPES = ("auto", "bf16", "fp32")
@@ -140,7 +142,13 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    """Fused AdamW with weight decay on 2-D (matrix) parameters only, and an LR schedule."""
+    """Fused AdamW with weight decay on 2-D (matrix) parameters only, and an LR schedule; or (algorithm='muon')
+    torch.optim.Muon on the blocks' hidden matrices with this AdamW on everything else (embeddings / tied LM head,
+    biases, LayerNorm gains). Both groups follow the one schedule below, each from its own peak LR."""
+
+    algorithm: str = "adamw"
+    """'adamw': AdamW on every parameter; 'muon': torch.optim.Muon on the 2-D weights inside transformer.h (the
+    hidden matrices), AdamW (lr, betas, eps, weight_decay below) on the rest (modded-nanogpt's split)."""
 
     name: str = "adamw_cosine"
     """Preset name."""
@@ -166,11 +174,34 @@ class OptimConfig:
     """Steps of linear decay at the end (schedule='warmdown' only)."""
     fused: bool = True
     """Fused CUDA AdamW kernel (ignored on CPU, where the foreach path is used)."""
+    muon_lr: float = 0.02
+    """algorithm=muon: peak LR of the hidden matrices (scaled per matrix by muon_adjust_lr)."""
+    muon_momentum: float = 0.95
+    """algorithm=muon: momentum of the gradient buffer that Newton-Schulz orthogonalizes."""
+    muon_nesterov: bool = True
+    """algorithm=muon: Nesterov momentum (orthogonalize g + momentum * buffer instead of the buffer)."""
+    muon_ns_steps: int = 5
+    """algorithm=muon: Newton-Schulz iterations (quintic, bf16) per matrix per step."""
+    muon_weight_decay: float = 0.0
+    """algorithm=muon: decoupled weight decay of the hidden matrices (p *= 1 - lr * wd)."""
+    muon_adjust_lr: str = "original"
+    """algorithm=muon: per-matrix LR scale: 'original' = sqrt(max(1, rows/cols)) (Keller Jordan's Muon) or
+    'match_rms_adamw' = 0.2 * sqrt(max(rows, cols)) (Moonshot, arXiv 2502.16982)."""
     justify: dict[str, str] = field(default_factory=dict)
     """One-line justification + source per field name, rendered into results.md."""
 
     def __post_init__(self) -> None:
         check_justify(self, "optim")
+        require(self.algorithm in ALGORITHMS, "optim.algorithm", f"must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        require(0 < self.muon_lr < float("inf"), "optim.muon_lr", f"must be finite and > 0, got {self.muon_lr}")
+        require(0.0 <= self.muon_momentum < 1.0, "optim.muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
+        require(0 < self.muon_ns_steps < 100, "optim.muon_ns_steps", f"must be in 1..99, got {self.muon_ns_steps}")
+        require(self.muon_weight_decay >= 0, "optim.muon_weight_decay", f"must be >= 0, got {self.muon_weight_decay}")
+        require(
+            self.muon_adjust_lr in MUON_ADJUST_LR,
+            "optim.muon_adjust_lr",
+            f"must be one of {MUON_ADJUST_LR}, got {self.muon_adjust_lr!r}",
+        )
         require(self.schedule in SCHEDULES, "optim.schedule", f"must be one of {SCHEDULES}, got {self.schedule!r}")
         require(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
         require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
@@ -345,7 +376,8 @@ class PredictConfig:
     """Predict-first settings: the numbers written before step 1 (phase6.plan.pretrain.predict_pretrain)."""
 
     mfu: float | None = None
-    """Assumed MFU (0-1) for the tokens/s prediction; None = the planner's prior for the model size."""
+    """Compute-only efficiency (0-1) vs the bf16 peak for the tokens/s prediction (communication is still added);
+    None = the planner's kernel-level model (hardware GEMM/attention/HBM rates, docs/cost_model.md §4)."""
     loss_ref_params: float | None = None
     """Reference run N for the loss offset delta = L_ref - L_fit(N_ref, D_ref); None = llm.c 124M on FineWeb."""
     loss_ref_tokens: float | None = None
@@ -392,6 +424,12 @@ class PretrainRunConfig:
         require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
         check_schedule(self.optim, self.train.max_steps)
         check_perf_combination(self.model, self.parallel)
+        require(
+            not (self.optim.algorithm == "muon" and self.parallel.mode == "fsdp2"),
+            "optim.algorithm",
+            "muon needs whole matrices for Newton-Schulz and FSDP2 shards them (torch.optim.Muon is single-device); "
+            "use parallel=ddp (GPT-2 <= 350M fits one GPU)",
+        )
         if self.train.dtype == "fp32" or (self.train.dtype == "auto" and self.device == "cpu"):
             check_precision(self.model, bf16=False)  # known before any device is touched
         if self.train.seq_len is None:

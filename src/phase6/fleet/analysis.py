@@ -2,7 +2,8 @@
 
 Definitions (serving metrics as in 6B, shared/reference/anchors-6b-serving.md §8):
 - TTFT = first token - arrival; TPOT = (E2E - TTFT) / (output - 1); a request is *good* when TTFT <= slo.ttft_ms
-  AND TPOT <= slo.tpot_ms.
+  AND TPOT <= slo.tpot_ms AND (with slo.tbt_ms) the mean of its slowest 10 % of token gaps <= slo.tbt_ms
+  (Mooncake's TBT; phase6.fleet.tokens). ``tpot_p90_ms`` is DistServe's statistic (90 % of requests within it).
 - SLO attainment = good / all; goodput_req_s = good / duration, duration = first arrival -> last completion.
 - A rate is *served within SLO* when attainment >= slo.attainment (DistServe's 90 % rule); the max rate within
   SLO is found by bisection on the request rate (each probe is one simulation of the same trace, time-rescaled).
@@ -24,15 +25,25 @@ from phase6.config import HardwareConfig
 from phase6.config.fleet import SloConfig
 from phase6.cost import gpu_hours_per_1m_tokens, usd_per_1m_tokens
 from phase6.fleet.sim import SimResult
+from phase6.fleet.tokens import describe as describe_gaps
 
 
 def _pct(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) else math.nan
 
 
+GAP_STATS_MAX_REQUESTS = 50_000
+"""Without a per-token SLO, per-token columns are computed for runs up to this size (they cost ~20 us a request)."""
+
+
 def good_mask(res: SimResult, slo: SloConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(TTFT ok, TPOT ok) per request."""
-    return res.ttft_s <= slo.ttft_ms / 1e3, res.tpot_s <= slo.tpot_ms / 1e3
+    """(TTFT ok, token gaps ok) per request: TPOT (per-request mean) <= slo.tpot_ms and, with slo.tbt_ms, the mean of
+    the request's slowest 10 % of token gaps (phase6.fleet.tokens) <= slo.tbt_ms; one-token answers have no gap."""
+    tok_ok = res.tpot_s <= slo.tpot_ms / 1e3
+    if slo.tbt_ms is not None:
+        tail = res.token_gaps[0]
+        tok_ok &= ~(tail > slo.tbt_ms / 1e3)  # NaN (no gap) passes
+    return res.ttft_s <= slo.ttft_ms / 1e3, tok_ok
 
 
 def summarize(
@@ -65,6 +76,11 @@ def summarize(
     ttft_ms, tpot_ms = res.ttft_s[sel] * 1e3, res.tpot_s[sel] * 1e3
     multi = res.output_tokens[sel] > 1
     busy = {f"busy_{k}": v / (res.replicas[k] * duration) if duration > 0 else 0.0 for k, v in res.busy_s.items()}
+    per_token: dict[str, Any] = {}
+    if slo.tbt_ms is not None or n_all <= GAP_STATS_MAX_REQUESTS:
+        tail, worst = res.token_gaps
+        per_token = describe_gaps(tail[sel])
+        per_token["tbt_max_p99_ms"] = _pct(worst[sel][np.isfinite(worst[sel])] * 1e3, 99)
     return {
         "requests": n,
         "offered_rate": (n_all - 1) / span if span > 0 else math.nan,
@@ -72,7 +88,9 @@ def summarize(
         "ttft_p50_ms": _pct(ttft_ms, 50),
         "ttft_p99_ms": _pct(ttft_ms, 99),
         "tpot_p50_ms": _pct(tpot_ms[multi], 50),
+        "tpot_p90_ms": _pct(tpot_ms[multi], 90),
         "tpot_p99_ms": _pct(tpot_ms[multi], 99),
+        **per_token,
         "e2e_p50_s": _pct(res.e2e_s, 50),
         "ttft_attainment": float(ttft_ok.mean()) if n else math.nan,
         "tpot_attainment": float(tpot_ok.mean()) if n else math.nan,
@@ -80,6 +98,7 @@ def summarize(
         "goodput_req_s": good.sum() / good_span if good_span > 0 else 0.0,
         "throughput_tok_s": tok_s,
         "prefix_hit_rate": res.prefix_hit_rate,
+        "host_hit_rate": res.host_hit_tokens / max(float(res.input_tokens.sum()), 1.0),
         "gpu_hours_per_1m_output_tokens": gpu_hours_per_1m_tokens(res.num_gpus, tok_s),
         "usd_per_1m_output_tokens": usd_per_1m_tokens(res.num_gpus, tok_s, hardware.usd_per_gpu_hour),
         "usd_per_1m_good_output_tokens": usd_per_1m_tokens(res.num_gpus, good_tok_s, hardware.usd_per_gpu_hour),

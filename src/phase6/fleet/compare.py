@@ -53,7 +53,7 @@ from phase6.fleet.steptime import StepTimeModel, build_step_model, kv_capacity_b
 from phase6.fleet.workload import Workload
 
 if TYPE_CHECKING:  # run.py imports this module inside main(); a runtime import here would be circular
-    from phase6.fleet.run import FleetSetup
+    from phase6.fleet.setup import FleetSetup
 
 TOLERANCE = 0.20
 """Relative error a simulated TTFT/TPOT p50 may have against the measurement (issue 8)."""

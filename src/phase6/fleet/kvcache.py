@@ -21,14 +21,63 @@ from __future__ import annotations
 from itertools import islice, takewhile
 
 
+class HostTier:
+    """A second KV tier in host memory (Mooncake's DRAM pool): every prefix block a replica computes is written
+    through to it when its prefill ends (LRU, capacity in blocks), so a later request whose prefix continues past
+    what its replica's HBM still caches loads those blocks instead of recomputing them.
+
+    ``local``: one tier per replica, loaded over that node's PCIe; ``global``: one tier shared by the fleet (every
+    node's DRAM pooled, Mooncake Store), loaded over RDMA. ``load_s(n)`` = latency + n blocks x bytes per block /
+    (tp x per-GPU link GB/s): each of the replica's tp GPUs loads its own KV shard over its own link.
+    """
+
+    __slots__ = ("capacity", "blocks", "block_s", "latency_s", "hits", "loads")
+
+    def __init__(self, capacity: int, block_bytes: float, link_gbps: float, tp: int, latency_s: float) -> None:
+        assert capacity >= 1 and link_gbps > 0
+        self.capacity = capacity
+        self.blocks: dict[int, None] = {}
+        self.block_s = block_bytes / (tp * link_gbps * 1e9)
+        self.latency_s = latency_s
+        self.hits = 0
+        self.loads = 0
+
+    def put(self, b: int) -> None:
+        blocks = self.blocks
+        if b in blocks:
+            del blocks[b]
+        elif len(blocks) >= self.capacity:
+            del blocks[next(iter(blocks))]
+        blocks[b] = None
+
+    def match(self, hash_ids: tuple[int, ...], start: int) -> int:
+        """Leading blocks of ``hash_ids[start:]`` held here (touched as most recently used)."""
+        blocks = self.blocks
+        n = 0
+        for b in hash_ids[start:]:
+            if b not in blocks:
+                break
+            del blocks[b]
+            blocks[b] = None
+            n += 1
+        return n
+
+    def load_s(self, n: int) -> float:
+        self.hits += n
+        self.loads += 1
+        return self.latency_s + n * self.block_s
+
+
 class PrefixCache:
     """Block accounting of one replica; every count is in blocks."""
 
-    __slots__ = ("capacity", "free", "ref", "lru", "evictions")
+    __slots__ = ("capacity", "free", "ref", "lru", "evictions", "host")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, host: HostTier | None = None) -> None:
         assert capacity >= 1
         self.capacity = capacity
+        self.host = host
+        """Second tier that evicted prefix blocks move to (None: evicted blocks are gone)."""
         self.free = capacity
         """Blocks holding nothing."""
         self.ref: dict[int, int] = {}
@@ -40,6 +89,10 @@ class PrefixCache:
     def match(self, hash_ids: tuple[int, ...]) -> int:
         """Number of leading blocks of ``hash_ids`` that are cached."""
         return len(list(takewhile(self.ref.__contains__, hash_ids)))
+
+    def host_match(self, hash_ids: tuple[int, ...], start: int) -> int:
+        """Blocks after the first ``start`` (cached in HBM) that the host tier holds, contiguous."""
+        return self.host.match(hash_ids, start) if self.host is not None else 0
 
     def acquire(self, hash_ids: tuple[int, ...], hit: int, private: int) -> bool:
         """Pin the first ``hit`` cached blocks and allocate ``private`` new ones (evicting LRU blocks).
@@ -74,6 +127,9 @@ class PrefixCache:
         """
         ref = self.ref
         get = ref.get
+        if self.host is not None:
+            for b in hash_ids[hit:]:
+                self.host.put(b)
         for b in hash_ids[hit:]:
             c = get(b)
             if c is None:

@@ -13,22 +13,32 @@ Writes the run record (config.yaml, env.json, metrics.jsonl, results.json/.md, p
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from phase6.config import HardwareConfig
-from phase6.config.fleet import EngineConfig, FleetRunConfig, FleetWorkloadConfig, SloConfig, parse_policy
+from phase6.config import CONFIG_DIR
+from phase6.config.fleet import FleetRunConfig, FleetWorkloadConfig, SloConfig, parse_policy
 from phase6.cost import run_cost
 from phase6.figures import save_figure
 from phase6.fleet.analysis import RateSearch, max_rate_within_slo, meets, min_replicas, pd_reason, summarize
 from phase6.fleet.engines import TorchTPStepTime
-from phase6.fleet.sim import EngineLimits, SimResult, Topology, simulate
-from phase6.fleet.steptime import StepTimeModel, build_step_model, kv_capacity_blocks, kv_transfer_s
-from phase6.fleet.workload import RequestClass, Workload, fixed_lengths, load_azure, load_mooncake, synthetic
+from phase6.fleet.sessions import concentration_warning
+from phase6.fleet.setup import FleetSetup, host_tiers, pd_pools  # noqa: F401 (re-export)
+from phase6.fleet.sim import EngineLimits, Topology
+from phase6.fleet.steptime import build_step_model, kv_capacity_blocks
+from phase6.fleet.workload import (
+    RequestClass,
+    Workload,
+    fixed_lengths,
+    load_azure,
+    load_mooncake,
+    synthetic,
+)
 from phase6.metrics import (
     SERVE_GOODPUT_REQ_S,
     SERVE_THROUGHPUT_TOK_S,
@@ -63,40 +73,6 @@ ROW_KEYS = (
 """Columns of the main results table; every other summary column goes to the 'Details' table."""
 
 
-@dataclass
-class FleetSetup:
-    """Everything a simulation needs besides the workload and the topology."""
-
-    spec: ModelSpec
-    model: StepTimeModel | TorchTPStepTime
-    limits: EngineLimits
-    hardware: HardwareConfig
-    engine: EngineConfig
-    kv_link: str
-    sim_engine: str
-    new_shape_ms: float = 0.0
-    """torch-tp: extra ms of a prefill step at a (prompts, width) shape new to the server (engines.TorchTPStepTime)."""
-    warm_shapes: frozenset[tuple[int, int]] = frozenset()
-    """torch-tp: prefill shapes the server ran before the simulated run."""
-
-    def transfer_fn(self) -> Callable[[int], float]:
-        spec, hw, eng, link = self.spec, self.hardware, self.engine, self.kv_link
-        return lambda tokens: kv_transfer_s(spec, hw, eng, link, tokens)
-
-    def run(self, workload: Workload, topology: Topology, router: str, closed: int | None = None) -> SimResult:
-        return simulate(
-            workload,
-            self.model,
-            self.limits,
-            topology,
-            router,
-            tp=self.engine.tp,
-            kv_transfer_s=self.transfer_fn(),
-            engine=self.sim_engine,
-            closed_concurrency=closed,
-        )
-
-
 def model_spec(model: str) -> ModelSpec:
     """A planner preset name, or a path to an HF config.json (or its directory), e.g. 6B's dummy model dir."""
     if model.endswith(".json") or "/" in model:
@@ -107,7 +83,9 @@ def model_spec(model: str) -> ModelSpec:
 def build_setup(cfg: FleetRunConfig) -> FleetSetup:
     spec = model_spec(cfg.model)
     eng = cfg.engine
-    limits = EngineLimits(eng.max_num_seqs, eng.max_batched_tokens, kv_capacity_blocks(spec, cfg.hardware, eng))
+    limits = EngineLimits(
+        eng.max_num_seqs, eng.max_batched_tokens, kv_capacity_blocks(spec, cfg.hardware, eng), eng.chunked_prefill
+    )
     return FleetSetup(
         spec,
         build_step_model(spec, cfg.hardware, eng),
@@ -116,6 +94,7 @@ def build_setup(cfg: FleetRunConfig) -> FleetSetup:
         eng,
         cfg.fleet.kv_link,
         cfg.fleet.sim_engine,
+        seed=cfg.run.seed,
     )
 
 
@@ -148,6 +127,20 @@ def load_workload(wc: FleetWorkloadConfig, seed: int) -> tuple[Workload, int]:
         if len(w) < 2:
             raise ValueError(f"workload.max_tokens: {wc.max_tokens} leaves {len(w)} requests of {w.source}")
     return w, dropped
+
+
+def papers_data() -> Path:
+    """The shared traces the papers table needs ($PHASE6_SHARED_DATA, else ../shared/data); ValueError if absent."""
+    env = os.environ.get("PHASE6_SHARED_DATA")
+    root = Path(env) if env else CONFIG_DIR.parent.parent / "shared" / "data"
+    need = [
+        root / "mooncake-traces" / "synthetic_trace.jsonl",
+        root / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv",
+    ]
+    missing = [str(p) for p in need if not p.is_file()]
+    if missing:
+        raise ValueError(f"analysis.papers: trace(s) not found: {', '.join(missing)} (set PHASE6_SHARED_DATA)")
+    return root
 
 
 def topology_for(policy: str, replicas: int) -> Topology:
@@ -330,6 +323,7 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
             from phase6.fleet.compare import check_serve_bench
 
             check_serve_bench(cfg.analysis.compare_with, cfg)
+        shared = papers_data() if cfg.analysis.papers else None
     except ValueError as e:
         print(f"phase6: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -343,6 +337,7 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
     loads: list[float] = [float(c) for c in cfg.load.concurrency] if closed else list(cfg.load.rates)
     x = "concurrency" if closed else "rate"
     rows: list[dict[str, Any]] = []
+    warnings: list[str] = []
     for policy in cfg.fleet.policies:
         topo = topology_for(policy, cfg.fleet.replicas)
         for router in cfg.fleet.routers:
@@ -351,6 +346,10 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
                 res = setup.run(wl, topo, router, closed=int(load) if closed else None)
                 row = {"policy": topo.name, "router": router, x: load, **summarize(res, cfg.slo, cfg.hardware)}
                 rows.append(row)
+                warn = concentration_warning(router, topo.name, res.replica, topo.prefill or topo.colocated)
+                if warn:
+                    warnings.append(f"{x} {load:g}: {warn}")
+                    rec.print(warnings[-1])
                 rec.log(
                     {
                         FLEET_RATE: row["offered_rate"],
@@ -427,6 +426,12 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
         grid = pd_grid(setup, cfg, rec.print)
         tables["When PD disaggregation pays (max rate within SLO, same GPUs)"] = grid
 
+    if a.papers:
+        from phase6.fleet.papers import run_papers
+
+        assert shared is not None
+        tables["Published claims vs simulated (phase6.fleet.papers)"] = run_papers(shared, a.papers_requests, rec.print)
+
     if a.compare_with:
         from phase6.fleet.compare import compare_serve_bench
 
@@ -482,6 +487,7 @@ def main(cfg: FleetRunConfig) -> dict[str, Any]:
         )
     notes = {
         **({"Simulated vs measured": compare_notes} if compare_notes else {}),
+        **({"Warnings": "; ".join(dict.fromkeys(w.split(": ", 1)[1] for w in warnings))} if warnings else {}),
         "Definitions": (
             f"TTFT = first token - arrival; TPOT = (E2E - TTFT)/(output - 1); good = TTFT <= {cfg.slo.ttft_ms:g} ms "
             f"and TPOT <= {cfg.slo.tpot_ms:g} ms; goodput = good requests / (first arrival -> last completion); "

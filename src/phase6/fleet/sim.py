@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import takewhile
 from operator import attrgetter
 from typing import Any
@@ -43,99 +44,17 @@ from typing import Any
 import numpy as np
 
 from phase6.fleet.engines import TorchTPStepTime
-from phase6.fleet.kvcache import PrefixCache
+from phase6.fleet.kvcache import HostTier, PrefixCache
+from phase6.fleet.loops import HeapqLoop, SimpyLoop, _first_step_reaching, make_loop  # noqa: F401 (re-export)
+from phase6.fleet.results import SimResult, Topology
 from phase6.fleet.steptime import StepTimeModel
+from phase6.fleet.tokens import StepLog
 from phase6.fleet.workload import BLOCK_TOKENS, Workload
 
-ROUTER_NAMES = ("round_robin", "least_loaded", "prefix_aware", "session_affinity")
+ROUTER_NAMES = ("random", "round_robin", "least_loaded", "prefix_aware", "session_affinity")
 
 _outstanding = attrgetter("outstanding")
 _load = attrgetter("queued_prefill_tokens", "outstanding")
-
-
-# ---- event loops ---------------------------------------------------------------------------------------------------
-class HeapqLoop:
-    """A minimal event loop: (time, insertion counter) heap of callbacks. Same ordering rule as SimPy."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._heap: list[tuple[float, int, Callable[[Any], None], Any]] = []
-        self._eid = 0
-        self.events = 0
-
-    def call_in(self, delay: float, fn: Callable[[Any], None], arg: Any) -> None:
-        self._eid += 1
-        heapq.heappush(self._heap, (self.now + delay, self._eid, fn, arg))
-
-    def run(self) -> None:
-        heap, pop = self._heap, heapq.heappop
-        n = 0
-        while heap:
-            t, _, fn, arg = pop(heap)
-            self.now = t
-            fn(arg)
-            n += 1
-        self.events += n
-
-
-class SimpyLoop:
-    """The same interface on a SimPy ``Environment``: each callback is a ``Timeout`` event's callback."""
-
-    def __init__(self) -> None:
-        import simpy
-
-        self.env = simpy.Environment()
-        self._timeout = self.env.timeout
-        self.events = 0
-
-    @property
-    def now(self) -> float:
-        return self.env.now
-
-    def call_in(self, delay: float, fn: Callable[[Any], None], arg: Any) -> None:
-        self._timeout(delay).callbacks.append(lambda _ev: fn(arg))
-        self.events += 1
-
-    def run(self) -> None:
-        self.env.run()
-
-
-def make_loop(name: str) -> HeapqLoop | SimpyLoop:
-    if name == "simpy":
-        return SimpyLoop()
-    if name == "heapq":
-        return HeapqLoop()
-    raise ValueError(f"fleet.sim_engine: must be simpy or heapq, got {name!r}")
-
-
-def _first_step_reaching(run_s: Callable[[int, int, int], float], d: int, s: int, k: int, elapsed: float) -> int:
-    """Smallest m in [1, k] with run_s(d, s, m) >= elapsed, given that m = k qualifies (run_s increases in m).
-
-    Steps only get longer within a run (contexts grow), so m <= ceil(elapsed / first step) and is usually exactly
-    that; probing it and its neighbour first, then bisecting what is left, finds the same m as plain bisection over
-    [1, k] with 2-3 evaluations instead of log2(k).
-    """
-    first = run_s(d, s, 1)
-    if k == 1 or first >= elapsed:
-        return 1
-    lo, hi = 2, k
-    g = min(k, max(2, math.ceil(elapsed / first)))
-    if g < k:
-        if run_s(d, s, g) >= elapsed:
-            hi = g
-        else:
-            lo = g + 1
-    if hi == g and lo < g:
-        if run_s(d, s, g - 1) < elapsed:
-            return g
-        hi = g - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if run_s(d, s, mid) >= elapsed:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 # ---- requests and replicas -----------------------------------------------------------------------------------------
@@ -179,15 +98,25 @@ class EngineLimits:
     max_batched_tokens: int
     kv_blocks: int
     """KV capacity per replica, 512-token blocks."""
+    chunked_prefill: bool = True
+    """False: vLLM V0's default scheduler -- whole prompts in prefill-only steps that run before (and pause) every
+    decode (``phase6.fleet.interference``); True: vLLM V1 chunked prefill, decodes first in every step."""
 
 
 class Replica:
     """One serving engine instance; role colocated, prefill (PD) or decode (PD)."""
 
-    def __init__(self, rid: int, role: str, sim: Simulation, limits: EngineLimits) -> None:
+    def __init__(
+        self, rid: int, role: str, sim: Simulation, limits: EngineLimits, model: Any = None, host: Any = None
+    ) -> None:
         self.rid, self.role, self.sim = rid, role, sim
+        self.model = sim.model if model is None else model  # PD pools may run different TP (step models)
         self.max_seqs, self.budget = limits.max_num_seqs, limits.max_batched_tokens
-        self.cache = PrefixCache(limits.kv_blocks)
+        self.chunked = limits.chunked_prefill
+        self.cache = PrefixCache(limits.kv_blocks, host)
+        self.log = StepLog()  # decode steps (token gaps of the running requests)
+        self.run_dec = True  # the current step advances the decodes (False: a V0 prefill-only step)
+        self.load_s = 0.0  # host-tier KV loads of the admissions in the current step
         self.waiting: deque[_Req] = deque()  # routed here, not admitted
         self.prefilling: deque[_Req] = deque()  # admitted, prompt not finished
         self.ready: list[_Req] = []  # decode role: KV arrived, joins at the next step
@@ -206,7 +135,7 @@ class Replica:
         self.run_truncated = True
         self.run_ctx = 0  # context argument of the current decode run (sum; torch-tp: the longest)
         self.padded = sim.padded  # torch-tp scheduling and step shapes
-        self.shapes: set[tuple[int, int]] = set(getattr(sim.model, "warm_shapes", ()))  # torch-tp prefill shapes run
+        self.shapes: set[tuple[int, int]] = set(getattr(self.model, "warm_shapes", ()))  # torch-tp prefill shapes run
         self.chunks: list[tuple[_Req, int]] = []
         self.busy_s = 0.0
         self.link_free_s = 0.0  # prefill role: when its KV-transfer link is idle again
@@ -240,10 +169,13 @@ class Replica:
         r = self.waiting[0]
         hid = r.hid
         m = cache.match(hid) if hid else 0
-        hit = min(m * BLOCK_TOKENS, r.n_in - 1)
+        m2 = cache.host_match(hid, m) if cache.host is not None and hid else 0  # more blocks in host memory
+        hit = min((m + m2) * BLOCK_TOKENS, r.n_in - 1)
         need = r.blocks - m
         if not cache.acquire(hid, m, need):
             return None
+        if m2:
+            self.load_s += cache.host.load_s(m2)  # copied to HBM before the step computes (not overlapped)
         self.waiting.popleft()
         sim.n_waiting -= 1
         sim.wait_area_add(now)
@@ -254,11 +186,17 @@ class Replica:
         return r
 
     def _start_step(self, now: float) -> None:
+        self.run_dec, self.load_s = True, 0.0
         if self.padded:
             self._start_step_padded(now)
             return
+        if not self.chunked and self.role != "decode" and self.waiting:
+            self._start_step_v0(now)
+            return
         if self.role == "decode" and self.ready:
+            sim = self.sim
             for r in self.ready:
+                sim.join[r.i], sim.drep[r.i] = now, self.rid
                 heapq.heappush(self.dheap, (self.steps + r.n_out - 1, r.i, r))
                 self.n_dec += 1
                 self.ctx_sum += r.n_in + 1
@@ -291,9 +229,32 @@ class Replica:
             p_tokens += c
             budget -= c
             chunks.append((r, c))
-        model = self.sim.model
-        step_s = model.step_s(p_tokens, pairs, self.n_dec, self.ctx_sum) if p_tokens else None
+        model = self.model
+        step_s = model.step_s(p_tokens, pairs, self.n_dec, self.ctx_sum) + self.load_s if p_tokens else None
         self._launch(now, step_s, model.decode_run_s, self.ctx_sum)
+
+    def _start_step_v0(self, now: float) -> None:
+        """vLLM V0's default scheduler (no chunked prefill): waiting prompts are admitted whole, FCFS, while their
+        tokens fit the budget (the first always: V0 requires budget >= max_model_len), fewer than max_num_seqs run
+        and their KV fits, and run in a prefill-only step; the running decodes wait for it (no token this step)."""
+        chunks = self.chunks = []
+        p_tokens, pairs = 0, 0.0
+        while self.waiting and len(self.prefilling) + self.n_dec < self.max_seqs:
+            if p_tokens and p_tokens + self.waiting[0].n_in > self.budget:
+                break
+            r = self._admit_head(now)
+            if r is None:
+                break
+            c = r.n_in - r.done
+            pairs += c * r.done + c * (c + 1) / 2
+            p_tokens += c
+            chunks.append((r, c))
+        model = self.model
+        if p_tokens:
+            self.run_dec = False
+            self._launch(now, model.step_s(p_tokens, pairs, 0, 0) + self.load_s, model.decode_run_s, self.ctx_sum)
+        else:
+            self._launch(now, None, model.decode_run_s, self.ctx_sum)
 
     def _start_step_padded(self, now: float) -> None:
         """torch-tp (``tp_server.Scheduler.step``): admit whole prompts FCFS while rows are free and (prompts) x
@@ -311,7 +272,7 @@ class Replica:
                 break
             n, width = n + 1, w
             chunks.append((r, r.n_in))
-        model = self.sim.model
+        model = self.model
         max_ctx = self.steps + max(e[2].off for e in self.dheap) if self.n_dec else 0
         step_s = None
         if n:
@@ -349,7 +310,7 @@ class Replica:
         self.run_truncated = True
         if self.role != "decode" and (len(self.waiting) > 1 or len(self.prefilling) + self.n_dec >= self.max_seqs):
             return  # the newcomer cannot be admitted before the run ends anyway
-        model, d, s, k = self.sim.model, self.n_dec, self.run_ctx, self.run_k
+        model, d, s, k = self.model, self.n_dec, self.run_ctx, self.run_k
         run_s = model.padded_decode_run_s if self.padded else model.decode_run_s
         lo = _first_step_reaching(run_s, d, s, k, now - self.step_start)
         if lo == k:
@@ -366,8 +327,9 @@ class Replica:
         now = sim.loop.now
         self.busy_s += now - self.step_start
         k = self.run_k
-        # decode progress: every running sequence made k tokens
-        if self.n_dec:
+        # decode progress: every running sequence made k tokens (none in a V0 prefill-only step)
+        if self.n_dec and self.run_dec:
+            self.log.add(self.step_start, now, k)
             self.steps += k
             self.ctx_sum += self.n_dec * k
             dheap, steps = self.dheap, self.steps
@@ -376,7 +338,7 @@ class Replica:
                 self.n_dec -= 1
                 self.ctx_sum -= r.n_in + r.n_out
                 self._finish(r, now)
-        else:
+        elif self.run_dec:
             self.steps += k
         # prefill progress
         if self.chunks:
@@ -399,6 +361,7 @@ class Replica:
         if r.n_out == 1:
             self._finish(r, now)
         elif self.role == "colocated":
+            self.sim.join[r.i], self.sim.drep[r.i] = now, self.rid
             heapq.heappush(self.dheap, (self.steps + r.n_out - 1, r.i, r))
             self.n_dec += 1
             self.ctx_sum += r.n_in + 1
@@ -446,83 +409,6 @@ class Replica:
 
 
 # ---- the fleet -----------------------------------------------------------------------------------------------------
-@dataclass
-class SimResult:
-    """Per-request times (seconds; NaN if never reached) and fleet counters of one simulation."""
-
-    arrival_s: np.ndarray
-    first_token_s: np.ndarray
-    finish_s: np.ndarray
-    admit_s: np.ndarray
-    input_tokens: np.ndarray
-    output_tokens: np.ndarray
-    hit_tokens: np.ndarray
-    replica: np.ndarray
-    """Replica the router chose (the prefill replica under PD)."""
-    num_gpus: int
-    replicas: dict[str, int]
-    busy_s: dict[str, float]
-    """Sum of replica busy time per role."""
-    events: int
-    wall_s: float
-    little: dict[str, float] = field(default_factory=dict)
-    """Time-averaged counts integrated by the event loop (for Little's-law checks)."""
-    evictions: int = 0
-    prefill_shapes: frozenset[tuple[int, int]] = frozenset()
-    """torch-tp: the (prompts, padded width) prefill shapes the replicas had run by the end (incl. warm ones)."""
-
-    @property
-    def ttft_s(self) -> np.ndarray:
-        return self.first_token_s - self.arrival_s
-
-    @property
-    def e2e_s(self) -> np.ndarray:
-        return self.finish_s - self.arrival_s
-
-    @property
-    def tpot_s(self) -> np.ndarray:
-        """(E2E - TTFT) / (output - 1); 0 for one-token outputs (no inter-token time to miss)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            t = (self.finish_s - self.first_token_s) / np.maximum(self.output_tokens - 1, 1)
-        return np.where(self.output_tokens > 1, t, 0.0)
-
-    @property
-    def makespan_s(self) -> float:
-        return float(np.nanmax(self.finish_s) - self.arrival_s[0]) if len(self.arrival_s) else 0.0
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        """Prompt tokens served from the prefix cache / all prompt tokens."""
-        return float(self.hit_tokens.sum() / self.input_tokens.sum()) if len(self.input_tokens) else 0.0
-
-
-@dataclass
-class Topology:
-    """Replica counts: colocated N, or PD with P prefill and D decode replicas."""
-
-    colocated: int = 0
-    prefill: int = 0
-    decode: int = 0
-
-    def __post_init__(self) -> None:
-        if self.colocated:
-            assert self.prefill == 0 and self.decode == 0
-        elif not (self.prefill >= 1 and self.decode >= 1):
-            raise ValueError(f"a PD fleet needs >= 1 prefill and >= 1 decode replica, got {self.prefill}:{self.decode}")
-
-    @property
-    def is_pd(self) -> bool:
-        return self.colocated == 0
-
-    @property
-    def replicas(self) -> int:
-        return self.colocated + self.prefill + self.decode
-
-    @property
-    def name(self) -> str:
-        return "colocated" if not self.is_pd else f"pd:{self.prefill}:{self.decode}"
-
-
 class Simulation:
     """One fleet, one router, one workload. Build, ``run()``, read the :class:`SimResult`."""
 
@@ -539,7 +425,13 @@ class Simulation:
         engine: str = "simpy",
         closed_concurrency: int | None = None,
         macro: bool = True,
+        decode_pool: tuple[StepTimeModel, EngineLimits, int] | None = None,
+        host_tier: Callable[[int], HostTier | None] | None = None,
+        seed: int = 0,
     ) -> None:
+        """``decode_pool``: PD only, the decode replicas' own (step model, limits, tp) when they run a different TP
+        than the prefill pool (DistServe's per-phase parallelism); ``host_tier(replica id)``: its host-memory KV tier
+        (the same object for every replica = one global pool) or None; ``seed``: the random router's."""
         if router not in ROUTER_NAMES:
             raise ValueError(f"fleet.routers: unknown router {router!r}; known: {', '.join(ROUTER_NAMES)}")
         self.padded = isinstance(model, TorchTPStepTime)
@@ -570,12 +462,26 @@ class Simulation:
         self.macro = macro  # False: one event per decode step (reference mode for tests; same results, slower)
         n = len(workload)
         self._check_fits()
+        ht = host_tier or (lambda _rid: None)
+        self.tp_decode = tp
         if topology.is_pd:
-            self.front = [Replica(i, "prefill", self, limits) for i in range(topology.prefill)]
-            self.back = [Replica(topology.prefill + i, "decode", self, limits) for i in range(topology.decode)]
+            self.front = [Replica(i, "prefill", self, limits, host=ht(i)) for i in range(topology.prefill)]
+            d_model, d_limits, self.tp_decode = decode_pool or (model, limits, tp)
+            need = int((-(-(workload.input_tokens + workload.output_tokens) // BLOCK_TOKENS)).max()) if n else 0
+            if need > d_limits.kv_blocks:
+                raise ValueError(
+                    f"{workload.source}: a request needs {need} KV blocks but a decode replica (tp "
+                    f"{self.tp_decode}) holds {d_limits.kv_blocks}; raise engine.decode_tp or drop long requests"
+                )
+            self.back = [
+                Replica(topology.prefill + i, "decode", self, d_limits, d_model) for i in range(topology.decode)
+            ]
         else:
-            self.front = [Replica(i, "colocated", self, limits) for i in range(topology.colocated)]
+            self.front = [Replica(i, "colocated", self, limits, host=ht(i)) for i in range(topology.colocated)]
             self.back = []
+        self.rng = random.Random(seed)
+        self.join = [math.nan] * n
+        self.drep = [-1] * n
         self.arr = [math.nan] * n
         self.first = [math.nan] * n
         self.fin = [math.nan] * n
@@ -647,6 +553,8 @@ class Simulation:
         if name == "round_robin":
             self.rr = (self.rr + 1) % len(pool)
             return pool[self.rr], 0
+        if name == "random":
+            return pool[self.rng.randrange(len(pool))], 0
         if name == "least_loaded":
             return min(pool, key=_outstanding), 0
         if name == "session_affinity":
@@ -727,6 +635,7 @@ class Simulation:
         events = self.loop.events
         roles = {"colocated": self.front} if not self.topology.is_pd else {"prefill": self.front, "decode": self.back}
         horizon = float(np.nanmax(fin)) if len(fin) else 0.0
+        hosts = [r for r in self.front if r.cache.host is not None]
         little = {"horizon_s": horizon, "area_in_system": self.area_sys, "area_waiting": self.area_wait}
         return SimResult(
             arrival_s=arrival,
@@ -737,7 +646,7 @@ class Simulation:
             output_tokens=w.output_tokens.copy(),
             hit_tokens=np.asarray(self.hits, dtype=np.int64),
             replica=np.asarray(self.rep, dtype=np.int64),
-            num_gpus=self.topology.replicas * self.tp,
+            num_gpus=len(self.front) * self.tp + len(self.back) * self.tp_decode,
             replicas={k: len(v) for k, v in roles.items()},
             busy_s={k: sum(r.busy_s for r in v) for k, v in roles.items()},
             events=events,
@@ -745,6 +654,11 @@ class Simulation:
             little=little,
             evictions=sum(r.cache.evictions for r in self.front + self.back),
             prefill_shapes=frozenset().union(*(r.shapes for r in self.front + self.back)),
+            logs={r.rid: r.log for r in self.front + self.back},
+            decode_replica=np.asarray(self.drep, dtype=np.int64),
+            join_s=np.asarray(self.join),
+            host_hit_tokens=BLOCK_TOKENS
+            * sum(h.hits for h in {id(r.cache.host): r.cache.host for r in hosts}.values()),
         )
 
 

@@ -24,6 +24,7 @@ from phase6.config import HardwareConfig
 from phase6.config.fleet import EngineConfig
 from phase6.config.plan import EfficiencyConfig
 from phase6.fleet.engines import TorchTPEngine, TorchTPStepTime, kv_rows_blocks
+from phase6.fleet.interference import SerialKernelStepTime
 from phase6.fleet.workload import BLOCK_TOKENS
 from phase6.plan.memory import serve_memory
 from phase6.plan.model import ModelSpec
@@ -141,17 +142,21 @@ def efficiency(engine: EngineConfig) -> EfficiencyConfig:
     )
 
 
-def planner_model(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> ServeCostModel:
-    """The planner's serving step-time model for one replica of ``engine.tp`` GPUs."""
-    if engine.tp > hardware.gpus_per_node:
+def planner_model(
+    spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig, tp: int | None = None
+) -> ServeCostModel:
+    """The planner's serving step-time model for one replica of ``tp`` (default ``engine.tp``) GPUs; mixed steps
+    priced as serial kernels (``phase6.fleet.interference``) unless ``engine.mixed_step=overlap``."""
+    tp = engine.tp if tp is None else tp
+    if tp > hardware.gpus_per_node:
         raise ValueError(
-            f"engine.tp: {engine.tp} exceeds hardware.gpus_per_node {hardware.gpus_per_node} "
-            "(a replica is one node here)"
+            f"engine.tp: {tp} exceeds hardware.gpus_per_node {hardware.gpus_per_node} (a replica is one node here)"
         )
-    return ServeCostModel(
+    cls = SerialKernelStepTime if engine.mixed_step == "serial" and engine.profile == "vllm" else ServeCostModel
+    return cls(
         spec,
         hardware,
-        tp=engine.tp,
+        tp=tp,
         efficiency=efficiency(engine),
         weight_bytes=engine.bytes_per_param,
         kv_bytes=engine.kv_bytes_per_elem,
@@ -184,7 +189,7 @@ def build_step_model(
     return planner_model(spec, hardware, engine)
 
 
-def kv_capacity_blocks(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig) -> int:
+def kv_capacity_blocks(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig, tp: int | None = None) -> int:
     """512-token KV blocks one replica holds (planner's serve_memory: utilisation x HBM - weights - overhead;
     profile torch-tp: its static cache, --max-batch rows of --max-model-len positions)."""
     if engine.kv_blocks is not None:
@@ -194,7 +199,7 @@ def kv_capacity_blocks(spec: ModelSpec, hardware: HardwareConfig, engine: Engine
         return kv_rows_blocks(tt, BLOCK_TOKENS)
     mem = serve_memory(
         spec,
-        engine.tp,
+        engine.tp if tp is None else tp,
         1,
         BLOCK_TOKENS,
         hardware.hbm_gib,
@@ -213,7 +218,9 @@ def kv_capacity_blocks(spec: ModelSpec, hardware: HardwareConfig, engine: Engine
     return blocks
 
 
-def kv_transfer_s(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig, link: str, tokens: int) -> float:
+def kv_transfer_s(
+    spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig, link: str, tokens: int, tp: int | None = None
+) -> float:
     """Time to move a prompt's KV from a prefill to a decode replica: latency + bytes / (tp · per-GPU link bw).
 
     Each of the tp GPUs sends its own KV shard over its own NIC / NVLink port, so bandwidth scales with tp.
@@ -221,4 +228,4 @@ def kv_transfer_s(spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfi
     gbps = hardware.internode_gbps if link == "internode" else hardware.nvlink_gbps
     lat_us = hardware.internode_latency_us if link == "internode" else hardware.intranode_latency_us
     nbytes = spec.kv_cache_bytes_per_token(engine.kv_bytes_per_elem) * tokens
-    return lat_us * 1e-6 + nbytes / (engine.tp * gbps * 1e9)
+    return lat_us * 1e-6 + nbytes / ((engine.tp if tp is None else tp) * gbps * 1e9)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from phase6.fleet.sessions import session_keys
 from phase6.textio import open_text
 
 BLOCK_TOKENS = 512
@@ -42,7 +43,8 @@ class Workload:
     output_tokens: np.ndarray
     """(N,) int64 generated tokens (>= 1)."""
     session: np.ndarray
-    """(N,) int64 session key for session-affinity routing (Mooncake: first block id; Azure: row index)."""
+    """(N,) int64 session key for session-affinity routing (Mooncake: ``session_id`` or the first block after the
+    shared prefix, phase6.fleet.sessions; Azure: row index; synthetic: the generator's session)."""
     hash_ids: list[tuple[int, ...]] | None
     """Per request prefix-block ids (512 tokens each), or None when the source has no prefix information."""
     source: str
@@ -146,6 +148,8 @@ class TraceRow:
     output_tokens: int
     hash_ids: tuple[int, ...] | None
     """Mooncake: ids of the prompt's 512-token prefix blocks (chained); Azure: None."""
+    session: str | None = None
+    """Mooncake: the row's optional ``session_id`` (a conversation named by the trace); None when absent."""
 
 
 def iter_mooncake(path: str | Path) -> Iterator[TraceRow]:
@@ -193,8 +197,13 @@ def iter_mooncake(path: str | Path) -> Iterator[TraceRow]:
                     f"{row['input_length']} needs ceil(/{BLOCK_TOKENS}) = "
                     f"{math.ceil(row['input_length'] / BLOCK_TOKENS)}"
                 )
+            sid = row.get("session_id")
+            if sid is not None and (not isinstance(sid, (str, int)) or isinstance(sid, bool)):
+                raise ValueError(f"{path}:{line_no}: session_id must be a string or an integer, got {sid!r}")
             prev = t_s
-            yield TraceRow(line_no, t_s, row["input_length"], row["output_length"], tuple(h))
+            yield TraceRow(
+                line_no, t_s, row["input_length"], row["output_length"], tuple(h), None if sid is None else str(sid)
+            )
 
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -263,14 +272,20 @@ def iter_azure(path: str | Path) -> Iterator[TraceRow]:
 def load_mooncake(path: str | Path, limit: int | None = None) -> Workload:
     """The first ``limit`` rows (all if None) of a Mooncake trace (:func:`iter_mooncake`) as columns.
 
-    Session key: the first block id, which names the conversation / system prompt the request continues.
+    Session key: the rows' ``session_id`` when every row has one; else the first block after the prefix that the
+    trace's requests share (``phase6.fleet.sessions.session_keys``: not the first block, which on real traffic is the
+    same system prompt for every request).
     """
     rows = list(itertools.islice(iter_mooncake(path), limit))
     if not rows:
         raise ValueError(f"{path}: trace has no requests")
     arr = np.asarray([r.time_s for r in rows], dtype=np.float64)
     hid = [r.hash_ids or () for r in rows]
-    sess = np.asarray([h[0] if h else -1 - i for i, h in enumerate(hid)], dtype=np.int64)
+    if all(r.session is not None for r in rows):
+        ids: dict[str, int] = {}
+        sess = np.asarray([ids.setdefault(r.session, len(ids)) for r in rows], dtype=np.int64)  # type: ignore[arg-type]
+    else:
+        sess = session_keys(hid)
     return Workload(
         arr - arr[0],
         np.asarray([r.input_tokens for r in rows], dtype=np.int64),

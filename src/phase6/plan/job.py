@@ -22,16 +22,23 @@ from phase6.cost import gpu_hours, usd
 from phase6.plan import comm
 from phase6.plan.memory import GIB
 from phase6.plan.model import ModelSpec, resolve_model
-from phase6.plan.pretrain import mfu_prior
 from phase6.plan.profile import HardwareProfile, build_profile
-from phase6.plan.recommend import Recommendation, rank_batch, recommend_serve, recommend_train, serve_table
+from phase6.plan.recommend import (
+    TIE_TOLERANCE,
+    Recommendation,
+    rank_batch,
+    recommend_serve,
+    recommend_train,
+    serve_context,
+    serve_table,
+)
 from phase6.plan.serve import ServeCostModel
 from phase6.plan.train import StepPrediction
 
 
 def assumptions(cfg: PlanRunConfig, spec: ModelSpec, profile: HardwareProfile) -> dict[str, Any]:
     e = cfg.plan.efficiency
-    mfu, src = (e.mfu, "plan.efficiency.mfu") if e.mfu else mfu_prior(spec.num_params())
+    mfu, src = (e.mfu, "plan.efficiency.mfu (compute-only efficiency)") if e.mfu else (None, profile.kernel_source())
     out: dict[str, Any] = {
         "hardware": profile.hardware.name,
         "hardware_source": f"{profile.hardware.source} ({profile.hardware.date})",
@@ -58,15 +65,21 @@ def assumptions(cfg: PlanRunConfig, spec: ModelSpec, profile: HardwareProfile) -
         out["measured_matmul_tflops"] = profile.matmul_tflops
     if cfg.workload == "train":
         out.update(
-            mfu=mfu,
-            mfu_source=src,
+            compute_efficiency=mfu,
+            compute_model=src,
+            tie_tolerance=TIE_TOLERANCE,
+            activation_checkpointing=cfg.plan.activation_checkpointing,
+            fp8=cfg.plan.fp8,
+            fused_elementwise=cfg.plan.fused_elementwise,
+            tp_comm_overlap=cfg.plan.tp_comm_overlap,
             seq_len=cfg.plan.seq_len,
             global_batch_tokens=cfg.plan.global_batch_tokens,
             micro_batch=cfg.plan.micro_batch,
             pp_schedule=cfg.plan.pp_schedule,
             grad_reduce_bytes=cfg.plan.grad_reduce_bytes,
-            overlap="TP/EP/PP comm exposed; DP sync overlaps the last backward (ZeRO-3: all compute); "
-            "CP K/V ring overlaps attention",
+            overlap="TP/EP/PP comm exposed (TP hidden behind GEMMs with tp_comm_overlap); DP grads overlap the last "
+            "backward, params the first forward (ZeRO-3: all compute); each CP K/V pass overlaps 1/cp of the layer's "
+            "attention",
         )
     else:
         out.update(
@@ -74,11 +87,12 @@ def assumptions(cfg: PlanRunConfig, spec: ModelSpec, profile: HardwareProfile) -
             decode_hbm_efficiency=e.decode_hbm_efficiency,
             gpu_memory_utilization=e.gpu_memory_utilization,
             runtime_overhead_gib=e.runtime_overhead_gib,
-            context_len=cfg.plan.context_len,
+            context_len=serve_context(cfg.plan, spec),
             prompt_len=cfg.plan.prompt_len,
             rank_batch=rank_batch(cfg.plan),
             weight_bytes=cfg.plan.weight_bytes,
             kv_bytes=cfg.plan.kv_bytes,
+            max_num_batched_tokens=e.max_num_batched_tokens,
             overlap="none: decode step = max(compute, HBM) + 2 all-reduces per layer on the critical path",
         )
     return out
@@ -179,15 +193,35 @@ def explain(
         lines += [
             f"micro-batches m = global {s.global_batch_tokens:,} tok / ({T} * dp {p.layout.dp} * mb {s.micro_batch})"
             f" = {p.num_microbatches}",
+            f"  note: plan.micro_batch = sequences per micro-batch per data-parallel replica (what torchtitan calls "
+            f"local_batch_size / pp microbatches, Megatron --micro-batch-size); torchtitan's 'local batch' is per "
+            f"replica per step = micro_batch x m = {s.micro_batch * p.num_microbatches}",
             f"memory/GPU (ZeRO-{s.zero} over dp*cp={p.layout.dp * p.layout.cp}, TP {p.layout.tp}, PP {p.layout.pp}, "
-            f"AC {'full' if s.activation_checkpointing else 'off'}):",
+            f"AC {s.ac_mode}):",
             *[f"  {k:12s} {v:10.2f} GiB" for k, v in mem.items()],
             f"  (16 B/param = 2 param + 2 grad + 12 Adam fp32; ZeRO-1 shards 12, ZeRO-2 14, ZeRO-3 16; usable "
             f"{p.usable_gib:.1f} GiB)",
-            f"compute = {p.model_flops_per_step:.3e} model FLOPs{' x 4/3 recompute' if s.activation_checkpointing else ''}"
-            f" / ({p.layout.gpus} GPUs * MFU {p.mfu_assumed:.2f} * {profile.hardware.peak_bf16_tflops} TF) = "
-            f"{p.compute_s * 1e3:,.1f} ms",
         ]
+        if p.breakdown is not None:
+            b = p.breakdown
+            lines += [
+                f"compute per GPU (kernel level: {profile.kernel_source()}):",
+                f"  GEMM      {(6 + (2 if s.activation_checkpointing else 1 if s.selective_ac else 0))}N x tokens / "
+                f"(GPUs x {'FP8' if s.fp8 else 'bf16'} matmul rate) = {b.gemm_s * 1e3:,.1f} ms"
+                + (f" ({b.recompute_note})" if b.recompute_note else ""),
+                f"  attention 12*L*H*Q*T/2 (causal) x tokens / (GPUs x flash rate) = {b.attention_s * 1e3:,.1f} ms",
+                f"  norms/activations/RoPE/residuals ({'fused' if s.fused_elementwise else 'eager'}) at HBM = "
+                f"{b.elementwise_s * 1e3:,.1f} ms",
+                f"  loss (logits softmax, fp32) = {b.loss_s * 1e3:,.1f} ms; optimizer (AdamW, 30 B/local param) = "
+                f"{b.optimizer_s * 1e3:,.1f} ms",
+                f"  = {p.compute_s * 1e3:,.1f} ms forward+backward + {p.optimizer_s * 1e3:,.1f} ms optimizer",
+            ]
+        else:
+            lines.append(
+                f"compute = {p.model_flops_per_step:.3e} model FLOPs"
+                f"{' x 4/3 recompute' if s.activation_checkpointing else ''} / ({p.layout.gpus} GPUs * efficiency "
+                f"{p.mfu_assumed:.2f} * {profile.hardware.peak_bf16_tflops} TF) = {p.compute_s * 1e3:,.1f} ms"
+            )
         if p.bubble_s:
             lines.append(
                 f"bubble ({s.pp_schedule}) = compute * {p.bubble_s / p.compute_s:.3f} = {p.bubble_s * 1e3:,.1f} ms"
@@ -200,9 +234,14 @@ def explain(
                 f"{c.exposed_s * 1e3:9.2f} ms ({c.note})"
             )
         lines += [
-            f"step = compute + bubble + exposed comm = {p.step_time_s * 1e3:,.1f} ms -> "
+            f"step = compute + bubble + exposed comm + optimizer = {p.step_time_s * 1e3:,.1f} ms -> "
             f"{p.tokens_per_s:,.0f} tok/s, MFU {100 * p.mfu(profile.peak_flops):.1f}%"
         ]
+        lines.append(
+            f"why this layout: fastest predicted step, except that layouts within {100 * TIE_TOLERANCE:.0f}% of the "
+            "fastest count as ties (the model's error on published runs is larger, `phase6 plan validate`) and the "
+            "simpler one wins: fewer model-parallel dimensions (tp/pp/cp/ep > 1), then smaller PP"
+        )
         if "cost" in result:
             c = result["cost"]
             lines.append(
@@ -221,16 +260,17 @@ def explain(
             weight_bytes=cfg.plan.weight_bytes,
             kv_bytes=cfg.plan.kv_bytes,
         )
-        mem = m.memory(cfg.plan.context_len)
+        ctx = serve_context(cfg.plan, spec)
+        mem = m.memory(ctx)
         b = top.extra["batch"]
-        ctx = cfg.plan.context_len
         e = cfg.plan.efficiency
         f = m.fabric
         ar_t, algo = comm.all_reduce_time(b * h * 2.0, lay.tp, f) if lay.tp > 1 else (0.0, "-")
         lines += [
             f"weights/GPU = {_fmt_bytes(mem.weights_bytes)} (N*{cfg.plan.weight_bytes:g} B / tp {lay.tp} / pp {lay.pp})",
             f"usable = {e.gpu_memory_utilization} * {profile.hardware.hbm_gib} GiB = {_fmt_bytes(mem.usable_bytes)}; "
-            f"overhead {e.runtime_overhead_gib} GiB",
+            f"overhead {_fmt_bytes(mem.overhead_bytes)} = runtime {e.runtime_overhead_gib} GiB + activations of a "
+            f"{min(ctx, e.max_num_batched_tokens)}-token forward (min(context_len, max_num_batched_tokens))",
             f"KV/token/GPU = {mem.kv_bytes_per_token:,.0f} B -> capacity {mem.kv_capacity_tokens:,.0f} tokens = "
             f"{mem.max_concurrent_seqs} seqs x {ctx}",
             f"decode step at batch {b}, context {ctx}:",

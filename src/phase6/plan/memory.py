@@ -58,6 +58,21 @@ class TrainSetup:
     """SDPA/flash: no a·s² score matrix is stored."""
     dropout: bool = False
     """Dropout masks stored (Korthikanti's 34·sbh counts two per block)."""
+    selective_ac: bool = False
+    """Selective (op-level) activation checkpointing, torchtitan ``mode=selective, selective_ac_option=op``: every
+    other matmul output and the attention output are saved, the rest recomputed (ignored when
+    ``activation_checkpointing`` is full)."""
+    fp8: bool = False
+    """FP8 linear layers (torchtitan Float8 / TE fp8): GEMMs at the FP8 rate, attention stays bf16."""
+    fused_elementwise: bool = True
+    """Norms, activations, RoPE and residual adds run as fused kernels (torch.compile, TE, llm.c); False = eager
+    PyTorch, one kernel per op with fp32 upcasts (more HBM traffic, docs/cost_model.md §4)."""
+    tp_comm_overlap: bool = False
+    """TP collectives overlap the neighbouring GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."""
+
+    @property
+    def ac_mode(self) -> str:
+        return "full" if self.activation_checkpointing else ("selective" if self.selective_ac else "none")
 
     def num_microbatches(self, layout: ParallelLayout) -> int:
         """m = sequences per step / (dp * micro_batch); CP ranks share a sequence, TP/PP ranks share a micro-batch."""
@@ -189,6 +204,8 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
         stage_inflight = 1.0 if (is_last and layout.pp > 1) else inflight
         if setup.activation_checkpointing:
             acts = layers * stage_inflight * checkpoint + per_layer  # checkpoints + one block being recomputed
+        elif setup.selective_ac:  # ~half of each block kept (every other matmul output), one block recomputed
+            acts = layers * stage_inflight * (checkpoint + 0.5 * per_layer) + 0.5 * per_layer
         else:
             acts = layers * stage_inflight * per_layer
         logits = 0.0
@@ -198,7 +215,12 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
         layer_gpu = (
             model.layer_params() - model.expert_params_per_layer() + model.expert_params_per_layer() / layout.ep
         ) / layout.tp
-        if setup.zero >= 3:  # two gathered bf16 blocks (current + prefetched) and one block's unsharded grads
+        if setup.zero >= 3 and layout.pp > 1:
+            # With pipeline parallelism torchtitan keeps the stage unsharded from forward to backward
+            # (reshard_after_forward = not pp_enabled, torchtitan/distributed/fsdp.py) and reduce-scatters gradients
+            # only after the last micro-batch: the whole stage's bf16 params and its unsharded grads stay resident.
+            transient = (dense_gpu + expert_gpu) * (PARAM_BYTES + setup.grad_reduce_bytes)
+        elif setup.zero >= 3:  # two gathered bf16 blocks (current + prefetched) and one block's unsharded grads
             transient = layer_gpu * (2 * PARAM_BYTES + setup.grad_reduce_bytes)
         mem = TrainMemory(
             params=pd + pe,
@@ -259,8 +281,15 @@ def serve_memory(
     weight_bytes: float = 2.0,
     kv_bytes: float = 2.0,
     ep: int = 1,
+    max_num_batched_tokens: int = 0,
 ) -> ServeMemory:
-    """Weights per GPU (TP x PP shards; experts over EP ranks inside the TP group) and KV capacity."""
+    """Weights per GPU (TP x PP shards; experts over EP ranks inside the TP group) and KV capacity.
+
+    The overhead is ``overhead_gib`` (CUDA context, graphs, NCCL) plus, when ``max_num_batched_tokens`` > 0, the
+    activations of the largest forward the engine runs, min(context_len, max_num_batched_tokens) tokens (vLLM sizes
+    the KV cache after a profile run of exactly that forward): per token 2 B x (gate/up 2f/tp + activation f/tp +
+    4h residual/norm/attention buffers), so the reserve grows with max_model_len up to the chunk size.
+    """
     expert = model.num_expert_params()
     other = model.num_params() - expert
     # EP in serving spreads whole experts over the TP group (vLLM --enable-expert-parallel): experts / max(tp, ep).
@@ -269,6 +298,10 @@ def serve_memory(
     kv_tok = 2 * layers * kv_heads_per_gpu(model, tp) * model.head_dim * kv_bytes
     usable = gpu_memory_utilization * hbm_gib * GIB
     overhead = overhead_gib * GIB
+    if max_num_batched_tokens > 0:
+        chunk = min(context_len, max_num_batched_tokens)
+        f = model.expert_size * max(1, model.experts_per_token) if model.is_moe else model.intermediate_size
+        overhead += chunk * 2.0 * (3 * f / tp + 4 * model.hidden_size)
     capacity = max(0.0, usable - weights - overhead) / kv_tok
     return ServeMemory(
         weights_bytes=weights,

@@ -238,8 +238,23 @@ class ModelSpec:
             raise ValueError(
                 f"{source}: num_experts_per_tok must be in [1, {num_experts}] for an MoE model, got {top_k}"
             )
-        if model_type in ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3") and cfg.get("first_k_dense_replace"):
+        if cfg.get("first_k_dense_replace"):
             raise ValueError(f"{source}: mixed dense/MoE layer stacks (first_k_dense_replace) are not modelled")
+        if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) > 1:
+            raise ValueError(
+                f"{source}: mixed dense/MoE layer stacks (mlp_only_layers / decoder_sparse_step > 1) are not modelled"
+            )
+        if not num_experts:
+            moe_fields = [
+                k
+                for k in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts")
+                if cfg.get(k)
+            ]
+            if moe_fields:
+                raise ValueError(
+                    f"{source}: looks like an MoE model ({', '.join(moe_fields)}) but has no num_experts / "
+                    "num_local_experts; refusing to plan it as a dense model"
+                )
         return cls(
             name=name or str(cfg.get("_name_or_path") or model_type or "model"),
             num_layers=num_layers,

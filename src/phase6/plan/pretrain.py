@@ -7,16 +7,19 @@
 
 Formulas (docs/cost_model.md):
 - FLOPs/token = 6N + 12·L·H·Q·T (PaLM appendix B; nanoGPT ``estimate_mfu``, torchtitan), N = matmul parameters.
-- tokens/s = MFU x peak x GPUs / FLOPs-per-token, minus exposed communication (phase6.plan.train).
+- tokens/s = tokens per step / (kernel-level compute + exposed communication + optimizer) (phase6.plan.train; an
+  explicit mfu= makes the forward+backward run at that fraction of the bf16 peak instead).
 - memory = 16 B/param mixed-precision Adam (DDP: replicated; FSDP2 = ZeRO-3: / GPUs) + activations
   (Korthikanti et al. 2022, flash attention) + logits b·s·V·(2+4) B.
+- optimizer=muon: + Newton-Schulz FLOPs per step on every GPU (torch.optim.Muon orthogonalizes each hidden matrix on
+  every rank): 5 quintic iterations x (4 m^2 n + 2 m^3) per m x n matrix (m <= n), at NS_EFFICIENCY of the peak.
 - loss L(N, D) = E + A/N^alpha + B/D^beta (Chinchilla approach 3) for the Hoffmann 2022 and Besiroglu 2024 fits,
   each shifted by delta = observed - fit at a reference run; the two calibrated values are the reported band.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from phase6 import metrics
@@ -27,13 +30,32 @@ from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile, build_profile
 from phase6.plan.train import StepPrediction, predict_train_step
 
-# MFU priors (dense bf16 peak, PaLM FLOPs formula) by model size, from measured runs on H100-class GPUs
-# (shared/reference/anchors-6a-pretrain.md §1a, §5). Override with mfu= or calibrate on your own run.
-MFU_PRIORS: tuple[tuple[float, float, str], ...] = (
-    (2.0e8, 0.45, "GPT-2 124M: llm.c 8xH100 40% (PaLM form, incl. DP sync), nanoGPT bench 1xH200 B=32 ~44%"),
-    (2.0e9, 0.45, "GPT-2 350M-1.5B: llm.c 350M 58% on A100, 1558M 46.5% on 8xH100; anchors predict 45%"),
-    (float("inf"), 0.36, "7B+: torchtitan Llama-3.1-8B FSDP on 8xH100 33-39% without Float8"),
-)
+
+# Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at 124M) and come with ~10 elementwise kernels per matrix.
+# Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon vs
+# AdamW"): +9.2 ms (B=32) and +11.2 ms (B=64) per optimizer step for 1.52 TFLOP = ~150 TFLOP/s. The prior written
+# before that measurement was 0.25 (6.2 ms).
+NS_EFFICIENCY = 0.15
+# Tokens Muon needs for AdamW's loss on a GPT-2-like 124M model: modded-nanogpt record #3 (Muon, 6,200 steps x
+# 524,288 = 3.25B tokens) vs record #2 (tuned AdamW, 4.97B) to 3.28 FineWeb val, same architecture otherwise.
+MUON_TOKEN_RATIO = 3.25 / 4.97
+
+
+def gpt2_hidden_shapes(spec: ModelSpec) -> list[tuple[int, int]]:
+    """(rows, cols) of Muon's matrices in a GPT-2 block stack: c_attn, attn c_proj, c_fc, mlp c_proj per layer."""
+    c, f = spec.hidden_size, spec.intermediate_size
+    qkv = spec.num_heads * spec.head_dim + 2 * spec.num_kv_heads * spec.head_dim
+    return [(qkv, c), (c, spec.num_heads * spec.head_dim), (f, c), (c, f)] * spec.num_layers
+
+
+def newton_schulz_flops(shapes: list[tuple[int, int]], ns_steps: int = 5) -> float:
+    """FLOPs of Muon's orthogonalization per optimizer step: each quintic iteration on X (m x n, m <= n) is
+    A = X X^T (2 m^2 n), B = b A + c A A (2 m^3), X = a X + B X (2 m^2 n)."""
+    total = 0.0
+    for rows, cols in shapes:
+        m, n = min(rows, cols), max(rows, cols)
+        total += ns_steps * (4 * m * m * n + 2 * m**3)
+    return total
 
 
 @dataclass(frozen=True)
@@ -107,13 +129,6 @@ def predict_loss(n_params: float, tokens: float, reference: LossReference = LLMC
     return LossPrediction(n_params, tokens, reference, raw, delta, {k: raw[k] + delta[k] for k in raw})
 
 
-def mfu_prior(num_params: float) -> tuple[float, str]:
-    for limit, mfu, source in MFU_PRIORS:
-        if num_params <= limit:
-            return mfu, source
-    raise AssertionError("MFU_PRIORS ends with inf")
-
-
 def spec_from(model: ModelSpec | Any) -> ModelSpec:
     """A ModelSpec, or one built from a GPT-2 config object with n_layer/n_head/n_embd/block_size (6A ModelConfig)."""
     if isinstance(model, ModelSpec):
@@ -157,6 +172,9 @@ class PretrainPrediction:
     train_tokens: float
     usd_per_gpu_hour: float
     notes: list[str] = field(default_factory=list)
+    optimizer: str = "adamw"
+    optimizer_flops_per_step: float = 0.0
+    """Newton-Schulz FLOPs per optimizer step on each GPU (optimizer='muon'); included in step.compute_s."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -197,8 +215,21 @@ class PretrainPrediction:
     def formulas(self) -> dict[str, str]:
         f = {
             "flops_per_token": f"{metrics.FLOPS_FORMULA} with N={self.matmul_params:,} matmul params, T={self.seq_len}",
-            "tokens_per_s": f"MFU {self.mfu_assumed:.2f} x {self.hardware} peak x {self.num_gpus} GPUs / FLOPs-per-token "
-            f"+ exposed comm ({self.mfu_source}; hardware: {self.hardware_source})",
+            "tokens_per_s": (
+                f"MFU {self.mfu_assumed:.2f} x {self.hardware} peak x {self.num_gpus} GPUs / FLOPs-per-token"
+                if self.mfu_assumed
+                else "tokens/step / (GEMM + attention + memory-bound kernels + optimizer)"
+            )
+            + f" + exposed comm ({self.mfu_source}; hardware: {self.hardware_source})",
+            **(
+                {
+                    "optimizer": f"Muon: + {self.optimizer_flops_per_step / 1e12:.2f} TFLOP of Newton-Schulz per step "
+                    f"per GPU at {NS_EFFICIENCY:.0%} of peak; loss at D x {1 / MUON_TOKEN_RATIO:.2f} AdamW-equivalent "
+                    "tokens (modded-nanogpt records #2 vs #3)"
+                }
+                if self.optimizer == "muon"
+                else {}
+            ),
             "memory": "16 B/param mixed-precision Adam (DDP replicated, FSDP2 / GPUs) + Korthikanti activations "
             "(flash) + logits b*s*V*6 B",
         }
@@ -239,10 +270,15 @@ def predict_pretrain(
     loss_reference: LossReference | None = LLMC_124M,
     activation_checkpointing: bool = False,
     grad_reduce_bytes: int = 4,
+    optimizer: str = "adamw",
+    ns_steps: int = 5,
 ) -> PretrainPrediction:
-    """Predict a data-parallel GPT-2 pretraining run (6A): DDP (replicated states) or FSDP2 (ZeRO-3)."""
+    """Predict a data-parallel GPT-2 pretraining run (6A): DDP (replicated states) or FSDP2 (ZeRO-3); AdamW or Muon
+    (optimizer='muon': + Newton-Schulz time per step, loss at MUON_TOKEN_RATIO fewer tokens for the same value)."""
     if parallel not in ("ddp", "fsdp2"):
         raise ValueError(f"parallel must be 'ddp' or 'fsdp2', got {parallel!r}")
+    if optimizer not in ("adamw", "muon"):
+        raise ValueError(f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
     for k, v in (
         ("seq_len", seq_len),
         ("micro_batch", micro_batch),
@@ -253,10 +289,8 @@ def predict_pretrain(
             raise ValueError(f"predict_pretrain: {k} must be >= 1, got {v}")
     spec = spec_from(model)
     profile = hardware if isinstance(hardware, HardwareProfile) else build_profile(hardware)
-    if mfu is None:
-        mfu, mfu_source = mfu_prior(spec.num_params())
-    else:
-        mfu_source = "given"
+    # mfu=None: kernel-level compute (GEMM/attention/memory-bound rates of the hardware) + exposed comm, no prior.
+    mfu_source = "given" if mfu is not None else f"kernel-level model: {profile.kernel_source()}"
     layout = ParallelLayout(dp=num_gpus)
     tokens = seq_len * micro_batch * grad_accum * num_gpus
     setups = {
@@ -271,7 +305,12 @@ def predict_pretrain(
         for name, zero in (("ddp", 0), ("fsdp2", 3))
     }
     steps = {name: predict_train_step(spec, layout, s, profile, mfu) for name, s in setups.items()}
+    ns_flops = newton_schulz_flops(gpt2_hidden_shapes(spec), ns_steps) if optimizer == "muon" else 0.0
+    if ns_flops:
+        ns_s = ns_flops / (NS_EFFICIENCY * profile.hardware.peak_bf16_tflops * 1e12)
+        steps = {name: replace(s, compute_s=s.compute_s + ns_s) for name, s in steps.items()}
     step = steps[parallel]
+    loss_tokens = train_tokens / MUON_TOKEN_RATIO if optimizer == "muon" else train_tokens
     pred = PretrainPrediction(
         model=spec.name,
         params=spec.num_params(),
@@ -282,18 +321,20 @@ def predict_pretrain(
         grad_accum=grad_accum,
         num_gpus=num_gpus,
         parallel=parallel,
-        mfu_assumed=mfu,
+        mfu_assumed=mfu or 0.0,
         mfu_source=mfu_source,
         hardware=profile.hardware.name,
         hardware_source=profile.source,
         peak_tflops=profile.hardware.peak_bf16_tflops,
         step=step,
         memory_gib={name: s.memory.gib() for name, s in steps.items()},
-        loss=predict_loss(spec.num_params(), train_tokens, loss_reference)
+        loss=predict_loss(spec.num_params(), loss_tokens, loss_reference)
         if (train_tokens and loss_reference)
         else None,
         train_tokens=train_tokens,
         usd_per_gpu_hour=profile.hardware.usd_per_gpu_hour,
+        optimizer=optimizer,
+        optimizer_flops_per_step=ns_flops,
     )
     if step.memory.total > profile.hardware.hbm_gib * GIB:
         pred.notes.append(f"{parallel} needs {step.memory.total / GIB:.1f} GiB > {profile.hardware.hbm_gib} GiB HBM")

@@ -23,6 +23,22 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 # comes from the hardware config (intranode_latency_us / internode_latency_us) or the calibrated floor.
 NVLINK_HOP_US = 0.5
 NETWORK_HOP_US = 2.7
+# Fallbacks when a hardware config does not carry kernel-level rates (the shipped ones do, with their sources):
+# MAMF / peak is 0.80-0.87 for NVIDIA bf16 (stas00/ml-engineering compute/accelerator "Maximum Achievable Matmul FLOPS
+# comparison table"), 0.71-0.73 for Hopper FP8; FlashAttention-2 fwd+bwd reaches ~35-55% of peak (Dao 2023; Shah et
+# al. 2024 Fig. 5 for FA2 on H100).
+DEFAULT_MATMUL_EFFICIENCY = 0.8
+DEFAULT_FP8_MATMUL_EFFICIENCY = 0.7
+DEFAULT_ATTENTION_EFFICIENCY = 0.4
+# Memory-bound training kernels (norms, activations, residuals, loss, optimizer) stream at ~0.77 of the datasheet HBM
+# bandwidth: measured on one H200 in a GPT-2 124M training step profile, where the fused GELU kernels ran at ~1.3x
+# their traffic bound at 4.8 TB/s (docs/benchmarks.md, 6A fourth round, "What each part of the combined step could
+# give"); a plain device copy reaches 0.9 (h200.yaml), fused training kernels less.
+HBM_EFFICIENCY = 0.77
+# NCCL bus bandwidth vs line rate when the hardware config gives none: ~20% protocol overhead on NVLink
+# (NVIDIA/nccl-tests#212, H100: 450 GB/s line -> 370 GB/s busbw), ~4% on InfiniBand (nccl#1576, nccl-tests#267).
+NVLINK_BUSBW_FRACTION = 0.8
+NIC_BUSBW_FRACTION = 0.96
 
 
 @dataclass
@@ -53,12 +69,71 @@ class HardwareProfile:
         """A process group whose ranks span ``span`` consecutive GPUs stays on NVLink iff it fits in one node."""
         return self.intra if span <= self.gpus_per_node else self.inter
 
+    def group_fabric(self, stride: int, size: int) -> Fabric:
+        """The fabric of a group of ``size`` ranks ``stride`` apart (Megatron rank order, TP innermost).
+
+        Inside a node: NVLink. Across nodes, NCCL runs one ring channel per NIC: a group holding k GPUs of every
+        node crosses each node boundary on k NICs at once, so its bus bandwidth is min(NVLink, k x NIC busbw)
+        (NVIDIA/nccl#1576: a DGX-A100, 8 x 200 Gb/s HDR, reaches 192 GB/s all-reduce busbw across nodes); a group
+        with one GPU per node (e.g. DP across nodes with TP=8 inside) gets one NIC.
+        """
+        if stride * size <= self.gpus_per_node:
+            return self.intra
+        k = max(1, self.gpus_per_node // stride) if stride < self.gpus_per_node else 1
+        if k == 1:
+            return self.inter
+        bw = min(self.intra.bandwidth_gbps, k * self.inter.bandwidth_gbps)
+        return Fabric(f"{self.inter.name} x{k} NICs", bw, self.inter.latency_us, self.inter.hop_latency_us)
+
+    # ---- kernel-level rates (what one GPU's kernels reach; no communication, no bubble) -------------------------
+    @property
+    def matmul_flops(self) -> float:
+        """Achievable dense bf16 GEMM FLOP/s: calibrated matmul, else the hardware's published MAMF, else 0.8 x peak."""
+        if self.matmul_tflops:
+            return self.matmul_tflops * 1e12
+        hw = self.hardware
+        return (hw.matmul_tflops_bf16 or DEFAULT_MATMUL_EFFICIENCY * hw.peak_bf16_tflops) * 1e12
+
+    @property
+    def matmul_flops_fp8(self) -> float:
+        """Achievable FP8 GEMM FLOP/s; the bf16 rate where the GPU has no FP8 tensor cores (A100)."""
+        hw = self.hardware
+        if not hw.peak_fp8_tflops:
+            return self.matmul_flops
+        return (hw.matmul_tflops_fp8 or DEFAULT_FP8_MATMUL_EFFICIENCY * hw.peak_fp8_tflops) * 1e12
+
+    @property
+    def attention_flops(self) -> float:
+        """Flash-attention forward+backward FLOP/s on the causal FLOPs actually executed."""
+        hw = self.hardware
+        return (hw.attention_tflops_bf16 or DEFAULT_ATTENTION_EFFICIENCY * hw.peak_bf16_tflops) * 1e12
+
+    @property
+    def stream_bytes_per_s(self) -> float:
+        """HBM bandwidth memory-bound kernels (norms, activations, optimizer) reach: HBM_EFFICIENCY x datasheet."""
+        return HBM_EFFICIENCY * self.hbm_bytes_per_s
+
+    def kernel_source(self) -> str:
+        hw = self.hardware
+        mm = (
+            "calibrated matmul"
+            if self.matmul_tflops
+            else ("hardware.matmul_tflops_bf16" if hw.matmul_tflops_bf16 else f"{DEFAULT_MATMUL_EFFICIENCY} x peak")
+        )
+        return (
+            f"GEMM {self.matmul_flops / 1e12:.0f} TF ({mm}), attention {self.attention_flops / 1e12:.0f} TF, "
+            f"memory-bound kernels {self.stream_bytes_per_s / 1e12:.2f} TB/s ({HBM_EFFICIENCY} x HBM)"
+        )
+
 
 def datasheet_profile(hw: HardwareConfig) -> HardwareProfile:
+    """Fabrics at NCCL's bus bandwidth (the published busbw, else line rate x the protocol fraction)."""
+    intra_bw = hw.nvlink_busbw_gbps or NVLINK_BUSBW_FRACTION * hw.nvlink_gbps
+    inter_bw = hw.internode_busbw_gbps or NIC_BUSBW_FRACTION * hw.internode_gbps
     return HardwareProfile(
         hardware=hw,
-        intra=Fabric("nvlink", hw.nvlink_gbps, hw.intranode_latency_us, NVLINK_HOP_US),
-        inter=Fabric("ib", hw.internode_gbps, hw.internode_latency_us, NETWORK_HOP_US),
+        intra=Fabric("nvlink", intra_bw, hw.intranode_latency_us, NVLINK_HOP_US),
+        inter=Fabric("ib", inter_bw, hw.internode_latency_us, NETWORK_HOP_US),
     )
 
 

@@ -16,10 +16,33 @@ from typing import Any
 from phase6.config.plan import EfficiencyConfig, PlanConfig
 from phase6.plan.memory import GIB, ParallelLayout, TrainSetup
 from phase6.plan.model import ModelSpec
-from phase6.plan.pretrain import mfu_prior
 from phase6.plan.profile import HardwareProfile
 from phase6.plan.serve import ServeCostModel
 from phase6.plan.train import StepPrediction, predict_train_step
+
+# Layouts whose predicted step times are within this fraction of the fastest are ties, and the simpler one wins
+# (fewer model-parallel dimensions, then smaller PP, then fewer model-parallel ranks): the model's own error on
+# published runs (plan validate, docs/cost_model.md §8) is larger than such gaps, and the simpler layout is cheaper to
+# run and debug. Published layouts sat 2-8% behind the old top pick (issue 21).
+TIE_TOLERANCE = 0.05
+
+
+def simplicity(lay: ParallelLayout) -> tuple[int, int, int]:
+    """Sort key: (model-parallel dims in use, PP, model-parallel ranks); smaller is simpler."""
+    dims = sum(1 for v in (lay.tp, lay.pp, lay.cp, lay.ep) if v > 1)
+    return dims, lay.pp, lay.tp * lay.pp * lay.cp * lay.ep
+
+
+def order_layouts(items: list[Any], time_of: Any, layout_of: Any, tol: float = TIE_TOLERANCE) -> list[Any]:
+    """Fastest first, except that everything within ``tol`` of the fastest is ordered simplest first."""
+    if not items:
+        return []
+    fastest = min(time_of(x) for x in items)
+    ties = [x for x in items if time_of(x) <= fastest * (1 + tol)]
+    rest = [x for x in items if time_of(x) > fastest * (1 + tol)]
+    ties.sort(key=lambda x: (*simplicity(layout_of(x)), time_of(x)))
+    rest.sort(key=time_of)
+    return ties + rest
 
 
 def divisors(n: int) -> list[int]:
@@ -33,9 +56,23 @@ def tp_ok(model: ModelSpec, tp: int) -> bool:
 
 
 def layouts(
-    model: ModelSpec, gpus: int, workload: str, fixed: dict[str, int | None], seq_len: int = 0
+    model: ModelSpec,
+    gpus: int,
+    workload: str,
+    fixed: dict[str, int | None],
+    seq_len: int = 0,
+    gpus_per_node: int | None = None,
 ) -> list[ParallelLayout]:
-    """Every legal layout for ``gpus`` honouring the fixed sizes; ValueError (one line) when there is none."""
+    """Every legal layout for ``gpus`` honouring the fixed sizes; ValueError (one line) when there is none.
+
+    With ``gpus_per_node``, an enumerated TP stays inside a node (Narayanan et al. 2021 takeaway 1: tensor parallelism
+    up to the GPUs of a server, pipeline parallelism across servers); a TP you fix yourself is taken as given.
+    """
+    if workload == "serve" and (fixed.get("cp") or 1) > 1:
+        raise ValueError(
+            f"plan.cp: context parallelism is a training layout; serving splits a model with tp/pp only "
+            f"(got cp={fixed['cp']} with workload=serve)"
+        )
     out: list[ParallelLayout] = []
     for tp, pp, cp in itertools.product(divisors(gpus), repeat=3):
         if gpus % (tp * pp * cp):
@@ -44,6 +81,8 @@ def layouts(
         if workload == "serve" and cp != 1:
             continue
         if not tp_ok(model, tp) or pp > model.num_layers:
+            continue
+        if gpus_per_node and tp > gpus_per_node and fixed.get("tp") is None:
             continue
         if cp > 1 and (seq_len % (2 * cp) or workload != "train"):
             continue
@@ -57,10 +96,13 @@ def layouts(
                 out.append(lay)
     if not out:
         asked = ", ".join(f"{k}={v}" for k, v in fixed.items() if v is not None) or "no fixed sizes"
-        raise ValueError(
-            f"gpus: no legal layout of {gpus} GPUs for {model.name} with {asked} "
-            f"(tp must divide {model.num_heads} heads, pp <= {model.num_layers} layers)"
-        )
+        why = [f"tp must divide the {model.num_heads} attention heads (and {model.num_kv_heads} KV heads)"]
+        why.append(f"pp <= {model.num_layers} layers")
+        if (fixed.get("cp") or 1) > 1:
+            why.append(f"cp must split seq_len {seq_len} into 2*cp equal chunks")
+        if model.is_moe and fixed.get("ep"):
+            why.append(f"ep must divide the {model.num_experts} experts and dp*cp")
+        raise ValueError(f"gpus: no legal layout of {gpus} GPUs for {model.name} with {asked} ({'; '.join(why)})")
     return sorted(set(out), key=lambda x: (x.tp, x.pp, x.cp, x.ep, x.dp))
 
 
@@ -100,7 +142,12 @@ def train_candidates(
     model: ModelSpec, lay: ParallelLayout, plan: PlanConfig, profile: HardwareProfile, mfu: float
 ) -> list[StepPrediction]:
     zeros = [plan.zero] if plan.zero is not None else [0, 1, 2, 3]
-    acs = {"none": [False], "full": [True], "auto": [False, True]}[plan.activation_checkpointing]
+    acs = {
+        "none": ["none"],
+        "selective": ["selective"],
+        "full": ["full"],
+        "auto": ["none", "selective", "full"],
+    }[plan.activation_checkpointing]
     out = []
     for zero, ac in itertools.product(zeros, acs):
         setup = TrainSetup(
@@ -108,19 +155,23 @@ def train_candidates(
             global_batch_tokens=plan.global_batch_tokens,
             micro_batch=plan.micro_batch,
             zero=zero,
-            activation_checkpointing=ac,
+            activation_checkpointing=ac == "full",
+            selective_ac=ac == "selective",
             pp_schedule=plan.pp_schedule,
             virtual_stages=plan.virtual_stages,
             grad_reduce_bytes=plan.grad_reduce_bytes,
+            fp8=plan.fp8,
+            fused_elementwise=plan.fused_elementwise,
+            tp_comm_overlap=plan.tp_comm_overlap,
         )
         out.append(predict_train_step(model, lay, setup, profile, mfu, plan.efficiency.runtime_overhead_gib))
     return out
 
 
 def recommend_train(model: ModelSpec, gpus: int, plan: PlanConfig, profile: HardwareProfile) -> Recommendation:
-    mfu = plan.efficiency.mfu or mfu_prior(model.num_params())[0]
+    mfu = plan.efficiency.mfu  # None: kernel-level compute model (phase6.plan.train.compute_breakdown)
     fixed = {k: getattr(plan, k) for k in ("dp", "tp", "pp", "ep", "cp")}
-    legal = layouts(model, gpus, "train", fixed, plan.seq_len)
+    legal = layouts(model, gpus, "train", fixed, plan.seq_len, profile.gpus_per_node)
     fit: list[Candidate] = []
     nofit: list[Candidate] = []
     for lay in legal:
@@ -141,13 +192,23 @@ def recommend_train(model: ModelSpec, gpus: int, plan: PlanConfig, profile: Hard
                 "tokens_per_s": best.tokens_per_s,
                 "mfu_pct": 100 * best.mfu(profile.peak_flops),
                 "zero": best.setup.zero,
-                "activation_checkpointing": best.setup.activation_checkpointing,
+                "activation_checkpointing": best.setup.ac_mode,
                 "num_microbatches": best.num_microbatches,
             },
             best,
         )
         (fit if best.fits else nofit).append(cand)
-    fit.sort(key=lambda c: (c.time_value, c.memory_gib_per_gpu))
+    fit = order_layouts(fit, lambda c: c.time_value, lambda c: c.layout)
+    if fit:
+        fastest = min(c.time_value for c in fit)
+        for c in fit:
+            gap = c.time_value / fastest - 1
+            if gap <= TIE_TOLERANCE:
+                c.extra["tie"] = True
+                c.reason += (
+                    f"; within {100 * TIE_TOLERANCE:.0f}% of the fastest ({100 * gap:+.1f}%): a tie, simpler layouts "
+                    "first"
+                )
     nofit.sort(key=lambda c: c.memory_gib_per_gpu)
     return Recommendation(fit[: plan.top_k], nofit[: plan.top_k], len(legal))
 
@@ -159,10 +220,16 @@ def rank_batch(plan: PlanConfig) -> int:
     return sizes[len(sizes) // 2]
 
 
+def serve_context(plan: PlanConfig, model: ModelSpec) -> int:
+    """plan.context_len, or min(8192, max_position_embeddings) when it is left null."""
+    return plan.context_len or min(8192, model.max_position_embeddings)
+
+
 def recommend_serve(model: ModelSpec, gpus: int, plan: PlanConfig, profile: HardwareProfile) -> Recommendation:
     fixed = {k: getattr(plan, k) for k in ("dp", "tp", "pp", "ep", "cp")}
-    legal = layouts(model, gpus, "serve", fixed)
+    legal = layouts(model, gpus, "serve", fixed, 0, profile.gpus_per_node)
     batch = rank_batch(plan)
+    ctx = serve_context(plan, model)
     fit: list[Candidate] = []
     nofit: list[Candidate] = []
     for lay in legal:
@@ -176,18 +243,18 @@ def recommend_serve(model: ModelSpec, gpus: int, plan: PlanConfig, profile: Hard
             weight_bytes=plan.weight_bytes,
             kv_bytes=plan.kv_bytes,
         )
-        mem = m.memory(plan.context_len)
+        mem = m.memory(ctx)
         b = max(1, min(batch, mem.max_concurrent_seqs))
-        decode = m.decode_step_s(b, plan.context_len)
+        decode = m.decode_step_s(b, ctx)
         ar = m.allreduce_s(b)
         used = mem.total_bytes(b) / GIB
         fab = m.fabric.name
         if mem.fits:
             reason = (
                 f"{mem.weights_bytes / GIB:.1f} GiB weights/GPU leave KV for {mem.max_concurrent_seqs} seqs x "
-                f"{plan.context_len} tok; decode at batch {b}{' (KV-limited)' if b < batch else ''} = "
+                f"{ctx} tok; decode at batch {b}{' (KV-limited)' if b < batch else ''} = "
                 f"{1e3 * decode:.2f} ms/token, "
-                f"{'HBM-bound' if m.memory_s(b, b * plan.context_len) > m.compute_s(b, b * plan.context_len) else 'compute-bound'}"
+                f"{'HBM-bound' if m.memory_s(b, b * ctx) > m.compute_s(b, b * ctx) else 'compute-bound'}"
                 f"{f', TP all-reduces on {fab} {100 * ar / decode:.0f}%' if lay.tp > 1 else ''}"
                 f"{f', PP adds {lay.pp - 1} hops, no latency gain' if lay.pp > 1 else ''}; "
                 f"{lay.dp} replica(s) -> {lay.dp * b / decode:,.0f} tok/s, "
@@ -195,8 +262,8 @@ def recommend_serve(model: ModelSpec, gpus: int, plan: PlanConfig, profile: Hard
             )
         else:
             reason = (
-                f"does not fit: {mem.weights_bytes / GIB:.1f} GiB weights + {plan.efficiency.runtime_overhead_gib}"
-                f" GiB overhead leave no room for one {plan.context_len}-token sequence in "
+                f"does not fit: {mem.weights_bytes / GIB:.1f} GiB weights + {mem.overhead_bytes / GIB:.1f}"
+                f" GiB overhead leave no room for one {ctx}-token sequence in "
                 f"{mem.usable_bytes / GIB:.1f} GiB usable"
             )
         cand = Candidate(
@@ -225,6 +292,7 @@ def serve_table(
 ) -> list[dict[str, Any]]:
     """Rows of TP x batch: prefill / decode ms, all-reduce share, tok/s, memory; batches over KV capacity flagged."""
     rows = []
+    ctx = serve_context(plan, model)
     for tp in plan.tp_sizes:
         if tp > gpus or not tp_ok(model, tp):
             continue
@@ -236,15 +304,15 @@ def serve_table(
             weight_bytes=plan.weight_bytes,
             kv_bytes=plan.kv_bytes,
         )
-        mem = m.memory(plan.context_len)
+        mem = m.memory(ctx)
         for b in plan.batch_sizes:
-            d = m.decode_step_s(b, plan.context_len)
+            d = m.decode_step_s(b, ctx)
             ar = m.allreduce_s(b)
             rows.append(
                 {
                     "tp": tp,
                     "batch": b,
-                    "context": plan.context_len,
+                    "context": ctx,
                     "weights_gib_per_gpu": mem.weights_bytes / GIB,
                     "max_concurrent_seqs": mem.max_concurrent_seqs,
                     "fits": mem.max_concurrent_seqs >= b,
@@ -252,9 +320,7 @@ def serve_table(
                     "decode_ms": 1e3 * d,
                     "allreduce_ms": 1e3 * ar,
                     "allreduce_pct": 100 * ar / d,
-                    "bound": "compute"
-                    if m.compute_s(b, b * plan.context_len) > m.memory_s(b, b * plan.context_len)
-                    else "memory",
+                    "bound": "compute" if m.compute_s(b, b * ctx) > m.memory_s(b, b * ctx) else "memory",
                     "tokens_per_s": b / d,
                 }
             )

@@ -65,9 +65,13 @@ class ServeCostModel:
         self.weight_bytes, self.kv_bytes = weight_bytes, kv_bytes
         self.fabric = self.profile.fabric_for(tp)
         p = self.profile
+        # FP8 weights (weight_bytes <= 1) run their GEMMs on FP8 tensor cores: scale by the FP8/bf16 peak ratio
+        # (Hopper 1979/989 TF; 1 where the GPU has no FP8 units). Attention stays bf16, counted at the same rate.
+        fp8 = weight_bytes <= 1.0 and p.hardware.peak_fp8_tflops > 0
+        self.fp8_speedup = p.hardware.peak_fp8_tflops / p.hardware.peak_bf16_tflops if fp8 else 1.0
         self.flops_per_s = tp * p.peak_flops * self.eff.prefill_mfu
         self.bytes_per_s = tp * p.hbm_bytes_per_s * self.eff.decode_hbm_efficiency  # tp GPUs stream in parallel
-        self.mm_flops_per_token = 2.0 * model.num_matmul_params()
+        self.mm_flops_per_token = 2.0 * model.num_matmul_params() / self.fp8_speedup  # bf16-equivalent FLOPs
         self.attn_flops_per_pair = 4.0 * model.num_layers * model.num_heads * model.head_dim
         self.expert_bytes = model._mlp_params(model.expert_size) * weight_bytes if model.is_moe else 0.0
         self.always_bytes = (model.num_params() - model.num_expert_params()) * weight_bytes
@@ -192,6 +196,7 @@ class ServeCostModel:
             self.weight_bytes,
             self.kv_bytes,
             self.ep,
+            self.eff.max_num_batched_tokens,
         )
 
 

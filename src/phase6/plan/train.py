@@ -1,14 +1,17 @@
-"""Training step time for one parallel layout: compute at an MFU, pipeline bubble, and exposed communication.
+"""Training step time for one parallel layout: kernel-level compute, pipeline bubble, each exposed communication.
 
-    step = compute + bubble + TP + PP + EP (exposed) + max(0, DP - overlap window) + max(0, CP - attention compute)
+    step = compute (GEMM + attention + memory-bound kernels, slowest pipeline stage) + bubble
+           + TP + CP + EP + PP + DP (each exposed part only) + optimizer
 
-Rank order is Megatron's ``tp-cp-ep-dp-pp`` (TP innermost): a group stays on NVLink when its span (stride x size)
-fits in a node, otherwise it runs at the inter-node NIC rate. Overlap assumptions (also in docs/cost_model.md):
-- TP, EP and PP communication sit on the critical path (no async-TP, no all-to-all/compute overlap, p2p between
-  dependent micro-batches);
-- DP gradient sync (ZeRO 0-2) overlaps the backward of the last micro-batch (DDP buckets / FSDP prefetch), ZeRO-3's
-  parameter all-gathers and gradient reduce-scatters overlap the whole forward+backward;
-- CP's ring pass of K/V overlaps the attention compute of the same layer (ring attention).
+Compute runs at the GPU type's kernel-level rates (``HardwareProfile.matmul_flops`` / ``attention_flops`` /
+``stream_bytes_per_s``: sustained GEMM, flash attention, HBM), not at an end-to-end MFU, so the bubble and the
+communication are not counted twice (issue 21; formulas and sources in docs/cost_model.md §4).
+Rank order is Megatron's ``tp-cp-ep-dp-pp`` (TP innermost): a group stays on NVLink when it fits in a node; across
+nodes it gets one NIC per GPU it holds in each node (``HardwareProfile.group_fabric``). Overlap assumptions:
+- TP, EP and PP communication sit on the critical path (TP hides behind the block's GEMMs with ``tp_comm_overlap``);
+- DP: ZeRO-0 grads overlap the last micro-batch's backward, ZeRO-1/2 grads the last backward and params the first
+  forward, ZeRO-3 gathers and reduce-scatters the whole forward+backward (first gather / last reduce-scatter exposed);
+- CP: each ring pass of K/V overlaps 1/cp of the layer's attention (the block computed with the chunk already held).
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ class StepPrediction:
     bubble_s: float
     comm: list[CommTerm] = field(default_factory=list)
     mfu_assumed: float = 0.0
+    """The end-to-end compute efficiency given (``mfu=``); 0 when the kernel-level model was used."""
+    breakdown: ComputeBreakdown | None = None
+    optimizer_s: float = 0.0
 
     @property
     def comm_exposed_s(self) -> float:
@@ -95,7 +101,7 @@ class StepPrediction:
 
     @property
     def step_time_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.comm_exposed_s
+        return self.compute_s + self.bubble_s + self.comm_exposed_s + self.optimizer_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,7 +112,7 @@ class StepPrediction:
         return self.model_flops_per_step / (self.step_time_s * self.layout.gpus * peak_flops)
 
     def dominant(self) -> str:
-        parts = {"compute": self.compute_s, "pipeline bubble": self.bubble_s}
+        parts = {"compute": self.compute_s, "pipeline bubble": self.bubble_s, "optimizer step": self.optimizer_s}
         for c in self.comm:
             parts[f"{c.dim} {c.op}"] = parts.get(f"{c.dim} {c.op}", 0.0) + c.exposed_s
         return max(parts, key=lambda k: parts[k])
@@ -115,7 +121,7 @@ class StepPrediction:
         step = self.step_time_s
         bits = [
             f"{'fits' if self.fits else 'does NOT fit'} at {self.memory.total / GIB:.1f}/{self.usable_gib:.0f} GiB "
-            f"(ZeRO-{self.setup.zero}, AC {'full' if self.setup.activation_checkpointing else 'off'})",
+            f"(ZeRO-{self.setup.zero}, AC {self.setup.ac_mode})",
             f"compute {100 * self.compute_s / step:.0f}% of step",
         ]
         if self.bubble_s:
@@ -130,7 +136,119 @@ class StepPrediction:
 
 
 def _group_fabric(profile: HardwareProfile, stride: int, size: int) -> comm.Fabric:
-    return profile.fabric_for(stride * size)
+    return profile.group_fabric(stride, size)
+
+
+def elementwise_bytes_per_token_layer(model: ModelSpec, fused: bool) -> float:
+    """HBM bytes one token moves through the non-matmul, non-attention kernels of one block's forward (bf16 = 2 B).
+
+    Fused (torch.compile / TE / llm.c): each norm reads and writes h, each residual add reads 2h and writes h, RoPE
+    reads and writes q and k, the activation reads its inputs and writes its output (gated 3f, GELU 2f):
+    2·(10h + 2(q + k)·rope + 3f | 2f). Eager PyTorch (one kernel per op, torchtitan's RMSNorm/RoPE upcast to fp32):
+    RMSNorm = cast, pow, mean, mul, cast, weight-mul ~ 40h B each; RoPE on fp32 complex views ~ 20 B per q/k element;
+    SiLU + mul ~ 10f B (GELU 4f); residual adds 6h B each; q/k/v/out layout copies for SDPA 4(q + 2k) + 4q B.
+    Backward moves about twice the forward's bytes (read saved input + incoming grad, write grad): x3 per step.
+    """
+    h, q, k, f = (
+        model.hidden_size,
+        model.q_dim,
+        model.kv_dim,
+        model.expert_size if model.is_moe else model.intermediate_size,
+    )
+    f_tok = f * (model.experts_per_token if model.is_moe else 1) + model.shared_expert_intermediate_size
+    rope = 0.0 if model.learned_positions else 1.0
+    if fused:
+        return 2.0 * (10 * h + 2 * (q + k) * rope + (3 if model.gated_mlp else 2) * f_tok)
+    return (
+        80.0 * h + 12.0 * h + 20.0 * (q + k) * rope + (10 if model.gated_mlp else 4) * f_tok + 4 * (q + 2 * k) + 4 * q
+    )
+
+
+@dataclass
+class ComputeBreakdown:
+    """Kernel-level compute of one GPU for one optimizer step (seconds), before bubble and communication."""
+
+    gemm_s: float
+    attention_s: float
+    elementwise_s: float
+    loss_s: float
+    optimizer_s: float
+    recompute_note: str = ""
+
+    @property
+    def fwd_bwd_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.elementwise_s + self.loss_s
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "gemm_ms": 1e3 * self.gemm_s,
+            "attention_ms": 1e3 * self.attention_s,
+            "elementwise_ms": 1e3 * self.elementwise_s,
+            "loss_ms": 1e3 * self.loss_s,
+            "optimizer_ms": 1e3 * self.optimizer_s,
+        }
+
+
+def compute_breakdown(
+    model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, profile: HardwareProfile, tokens_step: float
+) -> ComputeBreakdown:
+    """GEMMs at the achievable matmul rate, flash attention at its rate on the causal FLOPs it executes, memory-bound
+    kernels (norms, activations, RoPE, residuals, loss, optimizer) at HBM bandwidth. Sources: docs/cost_model.md §4.
+
+    Per GPU of the slowest pipeline stage: a stage holds ceil(L/pp) blocks, and the last one also the LM head and the
+    loss (the first one's embedding lookup is free), so with PP the step runs at the pace of the heavier stage.
+    TP (with sequence parallelism) divides every term; DP and CP divide the tokens.
+    """
+    n_mm = model.num_matmul_params()
+    head_mm = model.vocab_size * model.hidden_size  # the LM head matmul (tied or not, it is a GEMM)
+    layer_mm = (n_mm - head_mm) / model.num_layers
+    layers = math.ceil(model.num_layers / layout.pp)
+    tokens_gpu = tokens_step / (layout.dp * layout.cp)  # tokens through this GPU's stage per step
+    tp = layout.tp
+    # Recompute: full AC reruns every block forward (2N per token); selective op-level AC reruns every other matmul
+    # (torchtitan op SAC saves every second mm output): +1N. The head is outside the checkpointed blocks.
+    if setup.activation_checkpointing:
+        extra_mm, attn_fwd_again, elem_passes, note = 2.0, True, 4.0, "full AC: +2N GEMM, attention fwd again"
+    elif setup.selective_ac:
+        extra_mm, attn_fwd_again, elem_passes, note = 1.0, False, 4.0, "selective AC: +1N GEMM"
+    else:
+        extra_mm, attn_fwd_again, elem_passes, note = 0.0, False, 3.0, ""
+    gemm_rate = profile.matmul_flops_fp8 if setup.fp8 else profile.matmul_flops
+    body_flops = (6.0 + extra_mm) * layers * layer_mm * tokens_gpu
+    head_flops = 6.0 * head_mm * tokens_gpu
+    last_gemm = (body_flops + head_flops) / (tp * gemm_rate)
+    first_gemm = body_flops / (tp * gemm_rate) if layout.pp > 1 else last_gemm
+    # 12·H·Q·T per token and layer counts the full score matrix; a causal flash kernel executes half of it.
+    attn_exec = 0.5 * 12.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
+    attention = attn_exec * (4 / 3 if attn_fwd_again else 1.0) / (tp * profile.attention_flops)
+    bw = profile.stream_bytes_per_s
+    per_layer_bytes = elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
+    elem = elem_passes * layers * per_layer_bytes * tokens_gpu / (tp * bw)
+    if setup.fp8:
+        # Dynamic-scaling FP8 (torchao Float8Linear, TE): every GEMM operand is cast on the fly - read bf16 for the
+        # amax (2 B), read again and write FP8 (2 + 1 B) = 5 B per element. Per token and block: the inputs of the
+        # four linear groups forward (QKV h, out q, gate/up h, down f) and their output gradients backward (q + 2k,
+        # h, 2f, h); weights once forward and once (transposed) backward per micro-batch, on the gathered copy.
+        q, k, h = model.q_dim, model.kv_dim, model.hidden_size
+        f = model.expert_size * model.experts_per_token if model.is_moe else model.intermediate_size
+        act = 5.0 * ((2 * h + q + f) + (q + 2 * k + 2 * h + 2 * f))
+        m_steps = max(1, round(tokens_gpu / (setup.micro_batch * setup.seq_len / layout.cp)))
+        weights = 10.0 * layers * layer_mm * m_steps
+        elem += (layers * act * tokens_gpu + weights) / (tp * bw)
+    # Loss: bf16 logits written, softmax + its gradient in fp32 (~16 B per vocab entry per token), vocab-parallel.
+    loss = 16.0 * model.vocab_size * tokens_gpu / (tp * bw)
+    first = first_gemm + attention + elem
+    last = last_gemm + attention + elem + loss
+    if first > last:  # (only with a tiny vocab) report the first stage
+        last_gemm, loss = first_gemm, 0.0
+    # AdamW on the local (ZeRO-sharded) fp32 states: read param, grad, m, v (16 B), write param, m, v, bf16 copy (14 B).
+    local = (layers * model.layer_params() + model.embedding_params() + model.lm_head_params()) / tp
+    if layout.pp == 1:
+        local = model.num_params() / tp
+    if setup.zero >= 1:
+        local /= layout.dp * layout.cp
+    optimizer = 30.0 * local / bw
+    return ComputeBreakdown(last_gemm, attention, elem, loss, optimizer, note)
 
 
 def predict_train_step(
@@ -138,18 +256,29 @@ def predict_train_step(
     layout: ParallelLayout,
     setup: TrainSetup,
     profile: HardwareProfile,
-    mfu: float,
+    mfu: float | None = None,
     overhead_gib: float = 0.0,
 ) -> StepPrediction:
-    """Predict one optimizer step of ``layout`` (all sizes per GPU unless named otherwise)."""
+    """Predict one optimizer step of ``layout`` (all sizes per GPU unless named otherwise).
+
+    ``mfu=None`` (default): kernel-level compute (``compute_breakdown``) plus each exposed communication and the
+    bubble. ``mfu=x``: the whole forward+backward runs at x of the bf16 peak (an end-to-end efficiency you measured;
+    the communication and bubble terms are still added, so x should be a compute-only efficiency).
+    """
     dp, tp, pp, ep, cp = layout.dp, layout.tp, layout.pp, layout.ep, layout.cp
     m = setup.num_microbatches(layout)
     s_local, mb, h = setup.seq_len / cp, setup.micro_batch, model.hidden_size
     tokens_step = float(m * mb * dp * setup.seq_len)
     model_flops = model.flops_per_token(setup.seq_len) * tokens_step
-    hw_flops = model_flops * (4 / 3 if setup.activation_checkpointing else 1.0)  # full AC reruns the forward (2N of 6N)
-    compute = hw_flops / (layout.gpus * mfu * profile.peak_flops)
-    bubble = compute * bubble_fraction(setup.pp_schedule, pp, m, setup.virtual_stages)
+    if mfu is not None:
+        hw_flops = model_flops * (4 / 3 if setup.activation_checkpointing else 1.0)  # full AC reruns the forward
+        compute = hw_flops / (layout.gpus * mfu * profile.peak_flops)
+        breakdown = None
+        optimizer = 0.0
+    else:
+        breakdown = compute_breakdown(model, layout, setup, profile, tokens_step)
+        compute = breakdown.fwd_bwd_s
+        optimizer = breakdown.optimizer_s
     mem = train_memory(model, layout, setup, overhead_gib)
     usable = profile.hardware.hbm_gib
     pred = StepPrediction(
@@ -162,17 +291,34 @@ def predict_train_step(
         tokens_per_step=tokens_step,
         model_flops_per_step=model_flops,
         compute_s=compute,
-        bubble_s=bubble,
-        mfu_assumed=mfu,
+        bubble_s=0.0,
+        mfu_assumed=mfu or 0.0,
+        breakdown=breakdown,
+        optimizer_s=optimizer,
     )
     layers = math.ceil(model.num_layers / pp)
     act_bytes = mb * s_local * h * 2  # one micro-batch's hidden states in bf16
     fwd_passes = 2 if setup.activation_checkpointing else 1
+    per_layer_mb = compute / (layers * m) if layers * m else 0.0  # one block, one micro-batch, fwd+bwd
+    if breakdown is not None:
+        attn_per_layer_mb = breakdown.attention_s / (layers * m)
+        gemm_per_layer_mb = breakdown.gemm_s / (layers * m)
+    else:
+        attn_flops = 12.0 * model.num_layers * model.num_heads * model.head_dim * setup.seq_len * tokens_step
+        attn_per_layer_mb = attn_flops / (layout.gpus * mfu * profile.peak_flops) / (layers * m) if mfu else 0.0
+        gemm_per_layer_mb = per_layer_mb - attn_per_layer_mb
 
     if tp > 1:  # 2 all-reduces per block forward + 2 backward (Megatron; with SP: AG + RS of the same volume)
         f = _group_fabric(profile, 1, tp)
         n = layers * m * (2 * fwd_passes + 2)
         t, algo = comm.all_reduce_time(act_bytes, tp, f)
+        total = n * t
+        if setup.tp_comm_overlap:  # each collective hides behind the neighbouring GEMM of the same block
+            exposed = max(0.0, total - gemm_per_layer_mb * layers * m)
+            note = "overlapped with the block's GEMMs (tp_comm_overlap / AsyncTP)"
+        else:
+            exposed = total
+            note = f"2/block fwd + 2 bwd{' + 2 recompute' if fwd_passes == 2 else ''}, not overlapped"
         pred.comm.append(
             CommTerm(
                 "tp",
@@ -181,20 +327,24 @@ def predict_train_step(
                 n,
                 act_bytes,
                 n * comm.ring_all_reduce_bytes(act_bytes, tp),
-                n * t,
-                n * t,
-                f"2/block fwd + 2 bwd{' + 2 recompute' if fwd_passes == 2 else ''}, not overlapped",
+                total,
+                exposed,
+                note,
             )
         )
-    if cp > 1:  # ring attention: cp-1 K/V chunk passes per layer forward; K/V + dK/dV backward
+    if cp > 1:
+        # Ring attention (load-balanced, 2·cp chunks): per layer and micro-batch, cp-1 passes of the local K/V forward,
+        # cp-1 passes of K/V plus cp-1 of dK/dV backward (K/V again with full AC). Pass i overlaps only the attention
+        # block computed with the chunk already held, i.e. 1/cp of this layer's attention: exposed per pass is
+        # max(0, pass - attention/cp) (Liu et al. 2023 ring attention; torchtitan CP).
         f = _group_fabric(profile, tp, cp)
         kv_heads_local = max(1.0, model.num_kv_heads / tp)
         chunk = 2 * mb * s_local * kv_heads_local * model.head_dim * 2
         passes = (cp - 1) * (fwd_passes + 2)
         n = layers * m * passes
-        t = n * comm.p2p_time(chunk, f)
-        attn_flops = 12.0 * model.num_layers * model.num_heads * model.head_dim * setup.seq_len * tokens_step
-        attn_compute = attn_flops / (layout.gpus * mfu * profile.peak_flops)
+        t_pass = comm.p2p_time(chunk, f)
+        attn_piece = attn_per_layer_mb / (fwd_passes + 2) / cp  # attention of one ring step (fwd or bwd unit)
+        exposed = n * max(0.0, t_pass - attn_piece)
         pred.comm.append(
             CommTerm(
                 "cp",
@@ -203,9 +353,9 @@ def predict_train_step(
                 n,
                 chunk,
                 n * chunk,
-                t,
-                max(0.0, t - attn_compute),
-                "overlaps the same layer's attention compute",
+                n * t_pass,
+                exposed,
+                "each pass overlaps 1/cp of the layer's attention",
             )
         )
     if ep > 1 and model.is_moe:  # dispatch + combine all-to-all per MoE layer, forward and backward
@@ -226,8 +376,14 @@ def predict_train_step(
                 "2/MoE layer fwd + 2 bwd, not overlapped",
             )
         )
+    # The pipeline bubble idles each stage for (p-1)/m (schedule-dependent) of its per-micro-batch time, which
+    # includes that micro-batch's exposed TP/CP/EP communication.
+    in_mb = compute + sum(c.exposed_s for c in pred.comm)
+    pred.bubble_s = in_mb * bubble_fraction(setup.pp_schedule, pp, m, setup.virtual_stages)
     if pp > 1:  # activation forward + its gradient backward, per micro-batch per stage boundary
-        f = _group_fabric(profile, tp * cp * dp, pp)  # the slowest stage boundary is on the critical path
+        # One GPU talks to one peer: a boundary that leaves the node is one NIC (no multi-NIC ring aggregation);
+        # the slowest stage boundary is on the critical path.
+        f = profile.fabric_for(tp * cp * dp * pp)
         size = act_bytes / tp
         chunks = setup.virtual_stages if setup.pp_schedule == "interleaved" else 1
         n = 2 * m * chunks
@@ -253,6 +409,10 @@ def predict_train_step(
         expert = max(e_first, e_last) / (tp * ep)
         g = setup.grad_reduce_bytes
         expert_shard = max(1, shard // ep)
+        # ZeRO-3 gathers per micro-batch, except under PP where the stage stays unsharded from its first forward to
+        # its last backward (torchtitan reshard_after_forward = not pp_enabled) and grads reduce once per step.
+        # With full AC the backward's gather serves the recompute too (FSDP2 regathers once per backward).
+        per_step = 1 if pp > 1 else m
         terms: list[tuple[str, float, float, int, float]] = []  # (op, time/call, wire bytes/call, calls, message)
         for params, n_ranks in ((dense, shard), (expert, expert_shard)):
             if params <= 0 or n_ranks <= 1:
@@ -281,40 +441,43 @@ def predict_train_step(
                         params * 2,
                     )
                 )
-            else:  # FSDP2 default: gather per micro-batch forward and backward, reduce-scatter every micro-batch
+            else:
                 terms.append(
                     (
                         "param all-gather",
-                        comm.all_gather_time(params * 2, n_ranks, f) * fwd_passes,
-                        comm.all_gather_bytes(params * 2, n_ranks) * fwd_passes,
-                        m,
-                        params * 2,
-                    )
-                )
-                terms.append(
-                    (
-                        "param all-gather (bwd)",
                         comm.all_gather_time(params * 2, n_ranks, f),
                         comm.all_gather_bytes(params * 2, n_ranks),
-                        m,
+                        per_step,
                         params * 2,
                     )
                 )
+                if pp == 1:
+                    terms.append(
+                        (
+                            "param all-gather (bwd)",
+                            comm.all_gather_time(params * 2, n_ranks, f),
+                            comm.all_gather_bytes(params * 2, n_ranks),
+                            m,
+                            params * 2,
+                        )
+                    )
                 terms.append(
                     (
                         "grad reduce-scatter",
                         comm.reduce_scatter_time(params * g, n_ranks, f),
                         comm.reduce_scatter_bytes(params * g, n_ranks),
-                        m,
+                        per_step,
                         params * g,
                     )
                 )
         total = sum(t * n for _, t, _, n, _ in terms)
-        # Overlap window: the last micro-batch's backward (2/3 of its compute) for ZeRO 0-2; everything for ZeRO-3.
-        window = compute if setup.zero == 3 else compute / m * 2 / 3
+        # Overlap windows: ZeRO-3 - the whole forward+backward; ZeRO 0-2 - grads reduce during the last micro-batch's
+        # backward (2/3 of its compute), params gather during the first micro-batch's forward (1/3; Megatron
+        # --overlap-param-gather, DDP buckets).
+        window = compute if setup.zero == 3 else compute / m * (2 / 3 if setup.zero == 0 else 1.0)
         exposed_total = max(0.0, total - window)
-        if setup.zero == 3:  # the first block's gather cannot hide behind anything
-            exposed_total += terms[0][1] / max(1, layers) if terms else 0.0
+        if setup.zero == 3 and terms:  # the first block's gather and the last block's reduce-scatter stay exposed
+            exposed_total += (terms[0][1] + terms[-1][1]) / max(1, layers)
         for op, t, wire, n, msg in terms:
             share = (t * n / total) if total else 0.0
             pred.comm.append(
@@ -328,7 +491,7 @@ def predict_train_step(
                     t * n,
                     exposed_total * share,
                     f"ZeRO-{setup.zero} over {shard} ranks, overlapped with "
-                    f"{'forward+backward' if setup.zero == 3 else 'the last backward'}",
+                    f"{'forward+backward' if setup.zero == 3 else 'the first forward / last backward'}",
                 )
             )
     return pred

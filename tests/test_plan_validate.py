@@ -1,0 +1,115 @@
+"""`phase6 plan validate`: the planner against published training runs, with the error bounds of issue 21.
+
+The bounds hold on the calibration cases of src/phase6/plan/published_runs.yaml; held-out cases (found while building
+the table, no constant chosen from them) are reported separately and only guarded against regressions here."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from phase6.cli import app
+from phase6.plan.memory import ParallelLayout
+from phase6.plan.recommend import TIE_TOLERANCE, order_layouts, simplicity
+from phase6.plan.validate import CASES_PATH, load_cases, validate
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def results():  # noqa: ANN201
+    return validate()
+
+
+def test_table_has_the_issue_cases_with_sources(results) -> None:  # noqa: ANN001
+    rows, _ = results
+    ids = {r.case.id for r in rows if not r.case.held_out}
+    issue = {
+        "llmc-gpt2-124m-8xh100",
+        "llmc-gpt2-1558m-8xh100",
+        "torchtitan-llama3.1-8b-8xh100-fsdp",
+        "torchtitan-llama3-8b-64xa100-fsdp",
+        "torchtitan-llama3-70b-64xa100-fsdp",
+        "megatron-gpt-70b-768xh100",
+        "megatron-gpt-177b-2304xh100",
+        "megatron-gpt-462b-6144xh100",
+    }
+    assert issue <= ids  # the eight runs of issue 21, plus this repo's own measured 6A run
+    for r in rows:
+        c = r.case
+        assert c.source and c.date and c.approximated, c.id
+        assert r.published_tps > 0 and r.predicted_tps > 0
+
+
+def test_calibration_error_bounds(results) -> None:  # noqa: ANN001
+    rows, summ = results
+    cal = [r for r in rows if not r.case.held_out]
+    errs = [abs(r.ratio - 1) for r in cal]
+    assert statistics.mean(errs) <= 0.15, [(r.case.id, round(r.ratio, 3)) for r in cal]
+    assert max(errs) <= 0.25, [(r.case.id, round(r.ratio, 3)) for r in cal]
+    assert summ["calibration"]["mean_abs_error_pct"] <= 15.0
+
+
+def test_published_layout_is_first_or_within_the_tie_tolerance(results) -> None:  # noqa: ANN001
+    rows, _ = results
+    for r in rows:
+        if r.case.held_out:
+            continue
+        assert r.rank == 1 or r.within_tie, (r.case.id, r.rank, r.best, r.predicted.step_time_s / r.best_time_s)
+
+
+def test_held_out_cases_are_reported_and_do_not_regress(results) -> None:  # noqa: ANN001
+    rows, summ = results
+    held = [r for r in rows if r.case.held_out]
+    assert len(held) >= 4 and summ["held_out"]["cases"] == len(held)
+    # Regression guard at the level reached when the table was built (2026-12-01): mean 29.6%, max 65.4% (the
+    # long-context CP, AsyncTP and 3D torchtitan rows are over-predicted most; docs/cost_model.md §8).
+    errs = [abs(r.ratio - 1) for r in held]
+    assert statistics.mean(errs) <= 0.32 and max(errs) <= 0.70
+
+
+def test_tie_break_prefers_fewer_model_parallel_dims_then_smaller_pp() -> None:
+    a = ParallelLayout(dp=8)  # 0 dims
+    b = ParallelLayout(dp=4, tp=2)  # 1 dim
+    c = ParallelLayout(dp=2, tp=2, pp=2)  # 2 dims
+    d = ParallelLayout(dp=4, pp=2)  # 1 dim, pp 2
+    times = {a: 1.03, b: 1.0, c: 0.99, d: 1.2}
+    out = order_layouts(list(times), times.get, lambda x: x)
+    assert out == [a, b, c, d]  # a, b, c within 5% of 0.99: simplest first; d outside the tolerance
+    assert simplicity(b) < simplicity(ParallelLayout(dp=2, pp=4)) and TIE_TOLERANCE == 0.05
+    assert order_layouts(list(times), times.get, lambda x: x, tol=0.0)[0] == c
+
+
+def test_bad_case_file_is_one_line(tmp_path: Path) -> None:
+    data = yaml.safe_load(CASES_PATH.read_text())
+    data["cases"][0]["setup"]["micro_batchez"] = 2
+    p = tmp_path / "cases.yaml"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match="unknown TrainSetup fields") as e:
+        load_cases(p)
+    assert "\n" not in str(e.value)
+
+
+def test_cli_writes_the_run_dir_and_never_overwrites(tmp_path: Path) -> None:
+    out = tmp_path / "val"
+    r = runner.invoke(app, ["plan", "validate", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    payload = json.loads(r.stdout)
+    assert payload["summary"]["calibration"]["cases"] >= 8 and len(payload["rows"]) == len(load_cases())
+    assert (out / "results.json").is_file() and "| megatron-gpt-462b-6144xh100 |" in (out / "results.md").read_text()
+    again = runner.invoke(app, ["plan", "validate", "--out", str(out)])
+    assert again.exit_code == 2 and "not empty" in again.output
+
+
+def test_cli_bad_cases_file_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "val"
+    r = runner.invoke(app, ["plan", "validate", "--cases", str(tmp_path / "nope.yaml"), "--out", str(out)])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "no such file" in lines[0]
+    assert not out.exists()
