@@ -330,3 +330,14 @@ def test_quick_trace_prompts_equal_the_tokenizer_path(tok, tmp_path: Path, monke
         assert [r.prompt_len for r in quick[k]] == [
             len(tok.encode(r.prompt, add_special_tokens=False)) for r in quick[k]
         ]
+
+
+def test_a_default_run_dir_taken_in_the_same_second_gets_a_suffix(tmp_path: Path) -> None:
+    from phase6.launch import _fresh
+
+    base = tmp_path / "20261201-120000_cost"
+    assert _fresh(str(base)) == str(base)
+    base.mkdir()
+    assert _fresh(str(base)) == str(base)  # an empty directory is not a run
+    (base / "config.yaml").write_text("job: cost\n")
+    assert _fresh(str(base)) == f"{base}-1"

@@ -207,8 +207,9 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
             raise UserError(one_line(e)) from e
     main_fn = main or load_object(JOBS[job].main)
     first = configs[0]
-    run_dir = first.run.dir or default_run_dir(job, first.run.name)
-    sweep_dir = first.run.dir or str(Path("outputs") / job / f"sweep_{_stamp()}_{first.run.name}")
+    # a default (timestamped) directory never collides with a run started in the same second: it gets a suffix
+    run_dir = first.run.dir or _fresh(default_run_dir(job, first.run.name))
+    sweep_dir = first.run.dir or _fresh(str(Path("outputs") / job / f"sweep_{_stamp()}_{first.run.name}"))
     # another run's records in the target directory: refused (or moved aside), before anything is built or written
     target = Path(sweep_dir if multirun else run_dir)
     target_existed = target.exists()
@@ -253,6 +254,16 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
         raise
     finally:
         sys.argv = argv
+
+
+def _fresh(path: str) -> str:
+    """``path``, or ``path-1``, ``path-2``, ... : the first that holds no run records."""
+    from phase6.runrecord import run_records
+
+    candidate, n = path, 1
+    while run_records(Path(candidate)):
+        candidate, n = f"{path}-{n}", n + 1
+    return candidate
 
 
 def _remove_if_empty(path: Path, existed: bool) -> None:
