@@ -65,7 +65,8 @@ def is_secret_key(key: str) -> bool:
 
 def register_secret(value: Any) -> None:
     """Remember a secret value so that `redact_text` masks it in any text written later in this process."""
-    if isinstance(value, str) and len(value) >= _MIN_KNOWN:
+    # not an environment variable's *name* (judge.api_key_env: OPENAI_API_KEY), which errors must still show
+    if isinstance(value, str) and len(value) >= _MIN_KNOWN and not re.fullmatch(r"[A-Z][A-Z0-9_]*", value):
         _KNOWN.add(value)
 
 
