@@ -323,7 +323,7 @@ def test_quick_trace_prompts_equal_the_tokenizer_path(tok, tmp_path: Path, monke
     monkeypatch.setattr(workload, "_encode", counted)
     quick = {"m": workload.load_mooncake(path, tok, 3)[0], "a": workload.load_azure(csv, tok, 3)[0]}
     assert calls["n"] <= 4 * workload._QUICK_CHECK  # the tokenizer ran on the checked rows only, not on all 12
-    monkeypatch.setattr(workload, "_QUICK_CHECK", 10**9)  # every row through decode + re-encode
+    monkeypatch.setattr(workload, "_QUICK", False)  # every row through decode + re-encode
     slow = {"m": workload.load_mooncake(path, tok, 3)[0], "a": workload.load_azure(csv, tok, 3)[0]}
     for k in quick:
         assert [(r.prompt, r.prompt_len) for r in quick[k]] == [(r.prompt, r.prompt_len) for r in slow[k]]

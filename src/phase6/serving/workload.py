@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -218,13 +218,23 @@ _STREAM_TOKENS = 1 << 22
 """Length of the seeded random word stream that Mooncake blocks are windows of (4M tokens, ~30 MB of text)."""
 
 
+def _splitmix64_np(x: np.ndarray) -> np.ndarray:
+    """`_splitmix64` elementwise on a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
 class _BlockStream:
     """Mooncake prompt blocks as 512-token windows of one seeded random stream of whole-word tokens.
 
-    Block ``h`` starts at splitmix64(seed, h) mod N: a pure function of (hash id, seed), so equal hash ids give equal
-    blocks (the trace's shared prefixes) and different ones different windows. Two ids may land on the same window
-    (birthday bound ~n^2 / 2N): harmless for prefix caching, whose block hash chains over every earlier block. A
-    block's text is one slice of the stream's text, since whole-word tokens decode to the join of their strings."""
+    Block ``h`` starts at splitmix64(splitmix64(seed) ^ h) mod N: a pure function of (hash id, seed), so equal hash
+    ids give equal blocks (the trace's shared prefixes) and different ones different windows. Two ids may land on the
+    same window (birthday bound ~n^2 / 2N): harmless for prefix caching, whose block hash chains over every earlier
+    block. A block's text is one slice of the stream's text when whole-word tokens decode to the join of their
+    strings and re-encode to themselves; ``exact`` says whether that held on sample windows of this tokenizer."""
 
     def __init__(self, tok: Any, pool: np.ndarray, seed: int) -> None:
         ids = tok.batch_decode([[i] for i in pool.tolist()]) if hasattr(tok, "batch_decode") else None
@@ -233,20 +243,35 @@ class _BlockStream:
         draw = rng.integers(0, len(pool), _STREAM_TOKENS + BLOCK_TOKENS)
         self.ids = pool[draw]
         lengths = np.fromiter((len(t) for t in pieces), dtype=np.int64, count=len(pieces))[draw]
-        self.offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)])
         self.text = "".join(pieces[draw])
-        self.seed = seed
+        self.key = np.uint64(_splitmix64(seed & _MASK64))
+        self.exact = all(self._window_ok(tok, int(s)) for s in rng.integers(0, _STREAM_TOKENS, 3))
 
-    def start(self, hash_id: int) -> int:
-        return _splitmix64(_splitmix64(self.seed & _MASK64) ^ (int(hash_id) & _MASK64)) % _STREAM_TOKENS
+    def _window_ok(self, tok: Any, s: int) -> bool:
+        text = self.text[self.offsets[s] : self.offsets[s + BLOCK_TOKENS]]
+        ids = self.ids[s : s + BLOCK_TOKENS].tolist()
+        return tok.decode(ids, skip_special_tokens=True) == text and _encode(tok, text) == ids
+
+    def starts(self, hash_ids: Sequence[int]) -> np.ndarray:
+        h = np.array([int(x) & _MASK64 for x in hash_ids], dtype=np.uint64)
+        return (_splitmix64_np(self.key ^ h) % np.uint64(_STREAM_TOKENS)).astype(np.int64)
 
     def ids_of(self, hash_id: int, n: int = BLOCK_TOKENS) -> np.ndarray:
-        s = self.start(hash_id)
+        s = int(self.starts([hash_id])[0])
         return self.ids[s : s + n]
 
-    def text_of(self, hash_id: int, n: int = BLOCK_TOKENS) -> str:
-        s = self.start(hash_id)
-        return self.text[self.offsets[s] : self.offsets[s + n]]
+    def prompt(self, hash_ids: Sequence[int], num_tokens: int) -> str:
+        """The text of the first ``num_tokens`` tokens of the blocks ``hash_ids``: one slice per block, one join."""
+        full, rest = divmod(num_tokens, BLOCK_TOKENS)
+        starts = self.starts(hash_ids[: full + (rest > 0)])
+        ends = starts + BLOCK_TOKENS
+        if rest:
+            ends[-1] = starts[-1] + rest
+        t = self.text
+        return "".join(
+            [t[i:j] for i, j in zip(self.offsets[starts].tolist(), self.offsets[ends].tolist(), strict=True)]
+        )
 
 
 def _trace_requests(
@@ -257,6 +282,7 @@ def _trace_requests(
     max_rows: int | None,
     max_total_len: int | None,
     quick: Callable[[TraceRow], str] | None = None,
+    check_rows: int | None = None,
 ) -> tuple[list[BenchRequest], int, float | None]:
     """Validated trace rows -> requests with prompt text and scaled trace times (origin: the file's first row).
 
@@ -270,13 +296,14 @@ def _trace_requests(
     dropped = 0
     t0: float | None = None
     checked = 0
+    check_rows = _QUICK_CHECK if check_rows is None else check_rows
     for row in rows:
         if t0 is None:
             t0 = row.time_s
         if max_total_len is not None and row.input_tokens + row.output_tokens > max_total_len:
             dropped += 1
             continue
-        if quick is not None and checked >= _QUICK_CHECK:
+        if quick is not None and checked >= check_rows:
             prompt, prompt_len = quick(row), row.input_tokens
         else:
             prompt = text(row)
@@ -290,6 +317,8 @@ def _trace_requests(
     return out, dropped, t0
 
 
+_QUICK = True
+"""Build trace prompts without the tokenizer where it is exact (tests and benchmarks turn it off to compare)."""
 _QUICK_CHECK = 2
 """Rows on which the quick prompt builder must match the tokenizer path before it is trusted."""
 
@@ -325,15 +354,20 @@ def load_mooncake(
         return _fit(tok, tok.decode(ids, skip_special_tokens=True), row.input_tokens)
 
     def quick(row: TraceRow) -> str:
-        """The same prompt as slices of the stream's text (whole-word tokens decode to the join of their strings)."""
+        """The same prompt as slices of the stream's text, exactly ``input_tokens`` tokens (``stream.exact``)."""
         assert row.hash_ids is not None
-        full, rest = divmod(row.input_tokens, BLOCK_TOKENS)
-        parts = [stream.text_of(h) for h in row.hash_ids[:full]]
-        if rest:
-            parts.append(stream.text_of(row.hash_ids[full], rest))
-        return "".join(parts)
+        return stream.prompt(row.hash_ids, row.input_tokens)
 
-    out, dropped, _ = _trace_requests(iter_mooncake(path), text, tok, time_scale, max_rows, max_total_len, quick)
+    out, dropped, _ = _trace_requests(
+        iter_mooncake(path),
+        text,
+        tok,
+        time_scale,
+        max_rows,
+        max_total_len,
+        quick if stream.exact and _QUICK else None,
+        0,
+    )
     if not out:
         raise ValueError(f"{path}: no usable rows (dropped {dropped} longer than {max_total_len} tokens)")
     return out, dropped
@@ -364,7 +398,9 @@ def load_azure(
     def quick(row: TraceRow) -> str:
         return piece.join(ids_of(row))
 
-    out, dropped, _ = _trace_requests(iter_azure(path), text, tok, time_scale, max_rows, max_total_len, quick)
+    out, dropped, _ = _trace_requests(
+        iter_azure(path), text, tok, time_scale, max_rows, max_total_len, quick if _QUICK else None
+    )
     if not out:
         raise ValueError(f"{path}: no usable rows (dropped {dropped} longer than {max_total_len} tokens)")
     return out, dropped
