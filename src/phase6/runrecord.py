@@ -329,17 +329,23 @@ class RunRecord:
 
         # The process-wide settings must carry the mode too: with only init(mode="offline"), W&B's telemetry proxy
         # still POSTs to its server once (caught by tests/test_foundation_records.py through a loopback proxy).
-        wandb.setup(settings=wandb.Settings(mode=mode))
-        self._wandb = wandb.init(
-            project=logger.project,
-            entity=logger.entity,
-            name=f"{self.job}/{self.dir.name}",
-            dir=str(self.dir),
-            mode=mode,
-            config=self.config_dict,
-            job_type=self.job,
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
-        )
+        # W&B records the command line (settings._args = sys.argv[1:]): it sees the redacted one.
+        argv = sys.argv
+        sys.argv = redact_argv(argv)
+        try:
+            wandb.setup(settings=wandb.Settings(mode=mode))
+            self._wandb = wandb.init(
+                project=logger.project,
+                entity=logger.entity,
+                name=f"{self.job}/{self.dir.name}",
+                dir=str(self.dir),
+                mode=mode,
+                config=self.config_dict,
+                job_type=self.job,
+                settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+            )
+        finally:
+            sys.argv = argv
 
     def print(self, *args: Any) -> None:
         if self.is_main:
