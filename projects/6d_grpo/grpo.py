@@ -229,17 +229,20 @@ def run_verl(cfg: GrpoRunConfig, rec: RunRecord, train_rows: list[Any]) -> Path:
 
 
 def main(cfg: GrpoRunConfig) -> Path:
-    rec = RunRecord(cfg, "grpo")
-    run_dir = Path(cfg.run.dir)
     use_cuda = torch.cuda.is_available()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
-    train, eval_rows, gsm8k_train = load_rows(cfg)
-    if cfg.engine.name == "verl":
-        return run_verl(cfg, rec, gsm8k_train)
+    train, eval_rows, gsm8k_train = load_rows(cfg)  # validated before the run directory is written
     if cfg.engine.name == "vllm" and not use_cuda:
         raise ValueError("engine.name=vllm needs a CUDA GPU and the vllm extra; on CPU use engine=hf")
+    rng_states = random.getstate(), torch.get_rng_state()
+    rec = RunRecord(cfg, "grpo")  # (W&B may draw random numbers: the seeded streams continue as before)
+    random.setstate(rng_states[0])
+    torch.set_rng_state(rng_states[1])
+    run_dir = Path(cfg.run.dir)
+    if cfg.engine.name == "verl":
+        return run_verl(cfg, rec, gsm8k_train)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL-experimental; tested with TRL 1.16
     from datasets import Dataset
 
