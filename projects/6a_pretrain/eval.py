@@ -12,6 +12,7 @@ so a 6A export's number here equals its run's final val/loss and HF gpt2's numbe
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import torch
 from phase6 import metrics
 from phase6.config.pretrain import EvalRunConfig
 from phase6.data.loader import ValLoader
-from phase6.data.shards import load_manifest
+from phase6.data.shards import check_shard, list_shards, load_manifest, read_header
+from phase6.errors import UserError
 from phase6.evals.battery import run_battery
 from phase6.runrecord import RunRecord
 
@@ -62,7 +64,25 @@ def val_loss(cfg: EvalRunConfig, device: str, dtype: torch.dtype) -> dict[str, A
     return {"val_loss": (total / len(loader)).item(), "tokens": loader.num_tokens, "seq_len": seq_len}
 
 
+def preflight(cfg: EvalRunConfig) -> None:
+    """The model directory and the val shards (header, manifest count, sha256), before any model is loaded."""
+    model = cfg.model
+    looks_local = model.startswith((".", "/", "~")) or os.sep in model and Path(model).expanduser().exists()
+    if looks_local and not (Path(model).expanduser() / "config.json").is_file():
+        raise UserError(f"model: {model} is not a model directory (no config.json); give an HF export or a hub id")
+    if cfg.val_data:
+        manifest = load_manifest(cfg.val_data) if Path(cfg.val_data).is_dir() else None
+        if manifest is None:
+            for path in list_shards(cfg.val_data, "val"):
+                read_header(path)
+        else:
+            for info in manifest.shards:
+                if info.split == "val":
+                    check_shard(Path(cfg.val_data) / info.file, info, sha256=True)
+
+
 def main(cfg: EvalRunConfig) -> dict[str, Any]:
+    preflight(cfg)
     rec = RunRecord(cfg, job="eval")
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")

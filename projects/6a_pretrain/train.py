@@ -32,10 +32,11 @@ from phase6.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoin
 from phase6.config import CONFIG_DIR
 from phase6.config.pretrain import ModelConfig, PretrainRunConfig, check_precision
 from phase6.cost import run_cost
-from phase6.data.loader import ShardLoader, ValLoader
+from phase6.data.loader import ShardLoader, ValLoader, mark_verified
 from phase6.data.prepare import ensure_prepared
-from phase6.data.shards import Manifest, load_manifest
+from phase6.data.shards import Manifest, verify_shards
 from phase6.dist import DistInfo, all_reduce_mean, barrier, init_distributed, teardown
+from phase6.errors import UserError
 from phase6.figures import save_figure
 from phase6.models.gpt2 import GPT
 from phase6.models.hf import export_hf, hf_tokenizer
@@ -164,13 +165,42 @@ def plot_curves(history: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def load_data(cfg: PretrainRunConfig, info: DistInfo) -> Manifest | None:
-    """Prepare the shards if needed (one process only: a 10B-token prep must not run under a collective timeout)."""
+    """Prepare the shards if needed (one process only: a 10B-token prep must not run under a collective timeout),
+    then verify them all before step 1 (`preflight_shards`)."""
     if cfg.auto_prepare and info.world_size == 1:
-        return ensure_prepared(cfg.data, show_progress=True)
-    if not Path(cfg.data.out_dir).is_dir():
+        ensure_prepared(cfg.data, show_progress=True)
+    elif not Path(cfg.data.out_dir).is_dir():
         why = "multi-process runs never prepare data" if info.world_size > 1 else "auto_prepare=false"
-        raise ValueError(f"data.out_dir: {cfg.data.out_dir} does not exist ({why}); run `phase6 prepare-data` first")
-    return load_manifest(cfg.data.out_dir)  # None for llm.c / modded-nanogpt shards, which carry no manifest
+        raise UserError(f"data.out_dir: {cfg.data.out_dir} does not exist ({why}); run `phase6 prepare-data` first")
+    return preflight_shards(cfg.data.out_dir, info)  # None for llm.c / modded-nanogpt shards (no manifest)
+
+
+def preflight_shards(data_dir: str, info: DistInfo) -> Manifest | None:
+    """Every shard's header, the manifest's counts and every sha256, before step 1: a flipped byte in the last shard
+    fails now, not hours in. The ranks share the hashing (shard i on rank i % world, threads within a rank) and
+    exchange their findings, so every rank stops with the same one-line error."""
+    t0 = time.perf_counter()
+    error = None
+    try:
+        manifest = verify_shards(data_dir, sha256=True, part=(info.rank, info.world_size))
+    except ValueError as e:
+        error, manifest = str(e), None
+    errors = [error]
+    if info.world_size > 1:
+        errors = [None] * info.world_size
+        torch.distributed.all_gather_object(errors, error)
+    first = next((e for e in errors if e), None)
+    if first:
+        raise UserError(first)
+    if manifest is not None:
+        mark_verified([Path(data_dir) / s.file for s in manifest.shards])
+        if info.is_main:
+            gb = sum((Path(data_dir) / s.file).stat().st_size for s in manifest.shards) / 1e9
+            print(
+                f"data: {len(manifest.shards)} shards ({gb:.2f} GB) match manifest.json, sha256 checked in "
+                f"{time.perf_counter() - t0:.1f} s"
+            )
+    return manifest
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -192,14 +222,12 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
     check_precision(cfg.model, use_bf16)
     torch.backends.cuda.matmul.allow_tf32 = tc.tf32  # fp32 matmuls only; the kernel choices are in cfg.parallel
-    rec = RunRecord(cfg, job="pretrain", rank=info.rank)
-    ckpt_dir = rec.dir / "checkpoints"
 
-    # --- data: shards of data.out_dir; shard 0 = val ---
+    # --- data: shards of data.out_dir; shard 0 = val; all verified before the run directory is written ---
     manifest = load_data(cfg, info)
     data_vocab = manifest.tokenizer.vocab_size if manifest is not None else 50257  # llm.c sets: GPT-2 ids
     if data_vocab > cfg.model.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the data tokenizer's vocabulary "
             f"({data_vocab}, {cfg.data.out_dir}/manifest.json)"
         )
@@ -217,6 +245,8 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         tokenizer = hf_tokenizer(manifest.tokenizer.name, cfg.data.tokenizer_dir, bpe_file)
     elif tc.export_hf and manifest is None:
         tokenizer = hf_tokenizer("gpt2", cfg.data.tokenizer_dir)
+    rec = RunRecord(cfg, job="pretrain", rank=info.rank)
+    ckpt_dir = rec.dir / "checkpoints"
 
     # --- model: built on the target device with the run seed ---
     with torch.device(device):
@@ -292,11 +322,12 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         step += 1
         if not (math.isfinite(loss_val) and math.isfinite(norm_val)):
             last = latest_checkpoint(ckpt_dir)
-            rec.close()
-            raise FloatingPointError(
+            msg = (
                 f"step {step}: loss {loss_val}, grad_norm {norm_val} is not finite; stopped "
                 f"without saving. Last good checkpoint: {last or 'none'}"
             )
+            rec.fail(msg)
+            raise FloatingPointError(msg)
         step_times.append(dt)
         tps = tc.total_batch_tokens / dt
         row: dict[str, Any] = {

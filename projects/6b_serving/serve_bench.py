@@ -125,7 +125,24 @@ def sweep_plot(rec: RunRecord) -> Path | None:
     return plot_vs_load(rows, sweep / "plots" / "serve_vs_load.png") if rows else None
 
 
+def preflight(cfg: ServeBenchRunConfig) -> None:
+    """What the user gave that can be wrong, checked before a model is built or a server started: the trace file
+    (every row parsed) and a dead ``serve.endpoint``."""
+    from phase6.fleet.workload import iter_azure, iter_mooncake
+    from phase6.serving.workload import HF_PREFIX, resolve_path
+
+    load = cfg.load
+    if load.dataset != "synthetic" and load.path is not None and not load.path.startswith(HF_PREFIX):
+        path = resolve_path(load.path)
+        if load.dataset in ("mooncake", "azure"):
+            for _ in (iter_mooncake if load.dataset == "mooncake" else iter_azure)(path):
+                pass
+    if cfg.serve.endpoint is not None:
+        servers.check_endpoint(cfg.serve.endpoint)
+
+
 def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
+    preflight(cfg)
     rec = RunRecord(cfg, job="serve_bench")
     model = resolve_model(cfg, rec)
     srv, reused = servers.acquire(cfg.serve, model, rec.dir / "server.log", wait=False)  # loads while we tokenize

@@ -20,14 +20,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 
 from phase6 import metrics as M
 from phase6.config.dpo import DPORunConfig
 from phase6.cost import run_cost
 from phase6.dist import barrier
+from phase6.errors import one_line
 from phase6.evals.battery import BatteryResult, delta_rows, run_battery
-from phase6.evals.judge import judge_pairwise
+from phase6.evals.judge import judge_pairwise, probe_judge
 from phase6.evals.verdict import dpo_verdict
 from phase6.posttrain.diagnostics import (
     LengthComparison,
@@ -38,7 +40,7 @@ from phase6.posttrain.diagnostics import (
     token_length_stats,
     tokenize_pairs,
 )
-from phase6.posttrain.dpo_data import load_preference_data
+from phase6.posttrain.dpo_data import load_preference_data, preflighted
 from phase6.runrecord import RunRecord, trainer_log_callback
 
 
@@ -177,8 +179,6 @@ def record_callback(rec: RunRecord) -> Any:
 
 
 def main(cfg: DPORunConfig) -> Path:
-    rec = RunRecord(cfg, "dpo")
-    run_dir = Path(cfg.run.dir)
     use_cuda = torch.cuda.is_available()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.manual_seed(cfg.run.seed)
@@ -187,7 +187,7 @@ def main(cfg: DPORunConfig) -> Path:
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
 
     # ---- data: validated before anything heavy is loaded
-    splits = load_preference_data(
+    splits = preflighted(cfg) or load_preference_data(
         cfg.data.path,
         cfg.data.format,
         split=cfg.data.split,
@@ -197,6 +197,10 @@ def main(cfg: DPORunConfig) -> Path:
         eval_size=cfg.data.eval_size,
         seed=cfg.run.seed,
     )
+    if cfg.eval.judge.base_url is not None and int(os.environ.get("RANK", "0")) == 0:
+        probe_judge(cfg.eval.judge.base_url, cfg.eval.judge.api_key_env)  # a dead judge fails now, not after training
+    rec = RunRecord(cfg, "dpo")
+    run_dir = Path(cfg.run.dir)
     rec.print(
         f"data: {splits.summary.num_kept}/{splits.summary.num_rows} pairs kept "
         f"(dropped {splits.summary.dropped or 'none'}); train {len(splits.train)}, held-out {len(splits.eval)}"
@@ -260,21 +264,27 @@ def main(cfg: DPORunConfig) -> Path:
     )
 
     judge_note, judge_rows, win_rate = "skipped: no judge endpoint configured (eval.judge.base_url=null)", [], None
+    judge_error: str | None = None
     j = cfg.eval.judge
     if j.base_url is not None and rec.is_main:
         from phase6.posttrain.diagnostics import render_prompts
 
         qs = render_prompts(prompts[: j.num_prompts], tok)
-        res = judge_pairwise(
-            qs,
-            before_txt[: j.num_prompts],
-            after_txt[: j.num_prompts],
-            base_url=j.base_url,
-            model=j.model,
-            api_key_env=j.api_key_env,
-        )
-        win_rate, judge_rows = res.win_rate, res.rows()
-        judge_note = f"{j.model} at {j.base_url}: both answer orders, a win needs both to agree"
+        try:
+            res = judge_pairwise(
+                qs,
+                before_txt[: j.num_prompts],
+                after_txt[: j.num_prompts],
+                base_url=j.base_url,
+                model=j.model,
+                api_key_env=j.api_key_env,
+            )
+            win_rate, judge_rows = res.win_rate, res.rows()
+            judge_note = f"{j.model} at {j.base_url}: both answer orders, a win needs both to agree"
+        except (httpx.HTTPError, ValueError, KeyError) as err:  # the trained adapter is saved: report, do not crash
+            judge_error = f"{j.model} at {j.base_url}: {type(err).__name__}: {one_line(err)}"
+            judge_note = f"UNAVAILABLE after training: {judge_error}"
+            rec.print(f"judge: {judge_note}")
 
     # the adapter goes up before merge_and_unload folds it into the base weights
     if cfg.output.push_to_hub and rec.is_main:
@@ -300,6 +310,7 @@ def main(cfg: DPORunConfig) -> Path:
     # ---- regression battery: base vs base + saved adapter, identical settings
     before_b: BatteryResult | None = None
     after_b: BatteryResult | None = None
+    battery_error: str | None = None
     e = cfg.eval
     if e.enabled and (e.tasks or e.local_tasks):
         kw: dict[str, Any] = dict(
@@ -315,8 +326,13 @@ def main(cfg: DPORunConfig) -> Path:
             seed=cfg.run.seed,
         )
         tasks = list(e.tasks)
-        before_b = run_battery(base_path, tasks, label="base", **kw)
-        after_b = run_battery(base_path, tasks, label="base+adapter", peft=str(adapter_dir), **kw)
+        try:
+            before_b = run_battery(base_path, tasks, label="base", **kw)
+            after_b = run_battery(base_path, tasks, label="base+adapter", peft=str(adapter_dir), **kw)
+        except Exception as err:  # a task's data unreachable, lm-eval failing: the run and its adapter still report
+            battery_error = f"{type(err).__name__}: {one_line(err)}"
+            before_b = after_b = None
+            rec.print(f"battery: UNAVAILABLE: {battery_error}")
 
     verdict = dpo_verdict(
         before_b,
@@ -327,6 +343,8 @@ def main(cfg: DPORunConfig) -> Path:
         judge_win_rate=win_rate,
         max_mmlu_drop_pts=e.max_mmlu_drop_pts,
         max_length_ratio=e.max_length_ratio,
+        judge_error=judge_error,
+        battery_error=battery_error,
     )
 
     # ---- report
@@ -382,6 +400,7 @@ def main(cfg: DPORunConfig) -> Path:
     }
     notes = {
         "Judge": judge_note,
+        **({"Regression battery": f"UNAVAILABLE: {battery_error}"} if battery_error else {}),
         "Reading the margins": "margin = log π(y+) − log π(y−) summed over completion tokens; the log-ratio margin "
         "subtracts the same quantity at step 0 (= the reference: LoRA starts at B = 0). DPO often lowers both "
         "log-probs while the margin grows; that is expected (eric-mitchell/direct-preference-optimization#8).",

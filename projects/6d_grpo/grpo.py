@@ -257,13 +257,16 @@ def run_verl(cfg: GrpoRunConfig, rec: RunRecord, train_rows: list[Any]) -> Path:
 def main(cfg: GrpoRunConfig) -> Path:
     if cfg.engine.name == "vllm":
         check_vllm(cfg)  # before the run directory exists
-    rec = RunRecord(cfg, "grpo")
-    run_dir = Path(cfg.run.dir)
     use_cuda = torch.cuda.is_available()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
-    train, eval_rows, gsm8k_train = load_rows(cfg)
+    train, eval_rows, gsm8k_train = load_rows(cfg)  # validated before the run directory is written
+    rng_states = random.getstate(), torch.get_rng_state()
+    rec = RunRecord(cfg, "grpo")  # (W&B may draw random numbers: the seeded streams continue as before)
+    random.setstate(rng_states[0])
+    torch.set_rng_state(rng_states[1])
+    run_dir = Path(cfg.run.dir)
     if cfg.engine.name == "verl":
         return run_verl(cfg, rec, gsm8k_train)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL-experimental; tested with TRL 1.16

@@ -7,7 +7,7 @@ Everything is tensors or plain Python data so `torch.load(weights_only=True)` re
 
 Atomicity: rank 0 writes `<name>.tmp`, fsyncs it, then `os.replace`s it onto the final name; a crash at any point
 leaves either the old set of checkpoints or the old set plus a complete new one. Old checkpoints beyond `keep`
-are deleted only after the new one is in place.
+are deleted only after the new one is in place, and only those at or before the saved step (`prunable`).
 """
 
 from __future__ import annotations
@@ -88,6 +88,20 @@ def list_checkpoints(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in d.iterdir() if _NAME.match(p.name))
 
 
+def step_of(path: Path) -> int:
+    m = _NAME.match(path.name)
+    assert m is not None, path
+    return int(m.group(1))
+
+
+def prunable(ckpt_dir: str | os.PathLike[str], step: int, keep: int) -> list[Path]:
+    """Checkpoints that retention may delete after saving ``step``: the oldest of those at or before ``step``
+    beyond the newest ``keep``. A checkpoint *after* ``step`` is not this run's history (another run's, or a
+    timeline this run rewound past) and is never counted nor deleted in its favour."""
+    own = [p for p in list_checkpoints(ckpt_dir) if step_of(p) <= step]
+    return own[:-keep] if keep > 0 else own
+
+
 def latest_checkpoint(ckpt_dir: str | os.PathLike[str]) -> Path | None:
     found = list_checkpoints(ckpt_dir)
     return found[-1] if found else None
@@ -138,7 +152,7 @@ def save_checkpoint(
             "meta": meta or {},
         }
         _atomic_torch_save(state, path)
-        for old in list_checkpoints(ckpt_dir)[:-keep]:
+        for old in prunable(ckpt_dir, step, keep):
             old.unlink()
     if dist.is_initialized():
         dist.barrier()  # no rank continues (and possibly crashes) before the file is complete

@@ -16,12 +16,27 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from phase6.config import CONFIG_DIR, JOBS, load_object, to_dataclass
+from phase6.errors import EXIT_USER_ERROR, UserError, one_line
+from phase6.redact import redact_logging
 
-EXIT_CONFIG_ERROR = 2
+EXIT_CONFIG_ERROR = EXIT_USER_ERROR
+ConfigError = UserError
+"""A user mistake in the config or overrides: the one user-error type (phase6.errors.UserError)."""
+DEBUG_ENV = "PHASE6_DEBUG"
+"""Set to 1 to see the traceback of a user error instead of its one line."""
 
 
-class ConfigError(Exception):
-    """A user mistake in the config or overrides; printed as one line, exit code 2."""
+class _JobAbort(BaseException):
+    """Carries a user error out of ``hydra.main`` (which turns every ``Exception`` into a traceback and exit 1)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def resumes(cfg: Any) -> bool:
+    """Whether a run continues the records already in its run directory (pretrain's ``train.resume``)."""
+    return bool(getattr(getattr(cfg, "train", None), "resume", None))
 
 
 def _first_line(text: str) -> str:
@@ -182,11 +197,27 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
+    from phase6.runrecord import claim_run_dir, mark_failed
+
     configs = preflight(job, overrides, multirun)
+    if JOBS[job].preflight and main is None:
+        check = load_object(JOBS[job].preflight)
+        try:
+            for c in configs:
+                check(c)
+        except ValueError as e:  # UserError and the input checks' ValueError: one line, exit 2
+            if os.environ.get(DEBUG_ENV):
+                raise
+            raise UserError(one_line(e)) from e
     main_fn = main or load_object(JOBS[job].main)
     first = configs[0]
-    run_dir = first.run.dir or default_run_dir(job, first.run.name)
-    sweep_dir = first.run.dir or str(Path("outputs") / job / f"sweep_{_stamp()}_{first.run.name}")
+    # a default (timestamped) directory never collides with a run started in the same second: it gets a suffix
+    run_dir = first.run.dir or _fresh(default_run_dir(job, first.run.name))
+    sweep_dir = first.run.dir or _fresh(str(Path("outputs") / job / f"sweep_{_stamp()}_{first.run.name}"))
+    # another run's records in the target directory: refused (or moved aside), before anything is built or written
+    target = Path(sweep_dir if multirun else run_dir)
+    target_existed = target.exists()
+    claim_run_dir(target, overwrite=first.run.overwrite, resume=all(resumes(c) for c in configs))
     hydra_args = [
         f"hydra.run.dir={run_dir}",
         f"hydra.sweep.dir={sweep_dir}",
@@ -199,15 +230,54 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
     @hydra.main(config_path=str(CONFIG_DIR), config_name=job, version_base="1.3")
     def _task(cfg: DictConfig) -> Any:
         hc = HydraConfig.get()
+        redact_logging()  # Hydra's <run dir>/launch.log and the console handlers
         OmegaConf.set_struct(cfg, False)
         cfg.run.dir = hc.runtime.output_dir
         # what this member of a sweep overrides, for env.json and the sweep summary
         os.environ["PHASE6_OVERRIDES"] = " ".join(o for o in hc.overrides.task if not o.startswith("hydra."))
-        return main_fn(to_dataclass(job, cfg))
+        try:
+            return main_fn(to_dataclass(job, cfg))
+        except ValueError as e:  # UserError and the code base's input checks (ValueError naming the key or file)
+            mark_failed(e)
+            if os.environ.get(DEBUG_ENV):
+                raise
+            raise _JobAbort(e) from e
+        except BaseException as e:  # a crash: the run dir says so, Hydra prints the traceback
+            mark_failed(e)
+            raise
 
     argv = sys.argv
     sys.argv = [f"phase6-{job}", *job_overrides(job, hydra_args + list(overrides)), *(["-m"] if multirun else [])]
     try:
         _task()
+    except _JobAbort as abort:
+        _remove_if_empty(target, target_existed)
+        raise UserError(one_line(abort.error)) from abort.error
+    except BaseException:
+        _remove_if_empty(target, target_existed)
+        raise
     finally:
         sys.argv = argv
+
+
+def _fresh(path: str) -> str:
+    """``path``, or ``path-1``, ``path-2``, ... : the first that holds no run records."""
+    from phase6.runrecord import run_records
+
+    candidate, n = path, 1
+    while run_records(Path(candidate)):
+        candidate, n = f"{path}-{n}", n + 1
+    return candidate
+
+
+def _remove_if_empty(path: Path, existed: bool) -> None:
+    """A run that failed before writing anything leaves no directory behind (Hydra creates it up front)."""
+    if existed or int(os.environ.get("RANK", "0")) != 0 or not path.is_dir():
+        return
+    try:
+        for f in path.glob("*.log"):  # Hydra's job log, created with the directory; empty unless something logged
+            if f.stat().st_size == 0:
+                f.unlink()
+        path.rmdir()  # only succeeds when nothing else is there
+    except OSError:
+        pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -41,29 +42,102 @@ _SECRET_VALUE = re.compile(
 )
 
 
+# Environment-style names (all capitals): *_KEY, *TOKEN* (not TOKENIZER*), *SECRET*, *PASSW*, *CREDENTIAL*, *AUTH*,
+# also when glued together (GITHUBTOKEN, MYAPPSECRET).
+_ENV_SECRET = re.compile(r"(^|_)(API)?KEY$|TOKEN(?!IZER)|SECRET|PASSW|CREDENTIAL|(^|_)AUTH")
+_FLAG = re.compile(r"^--?([A-Za-z][A-Za-z0-9_.\-]*)$")
+# Values of secret keys seen by `redact` in this process (>= 6 characters): masked wherever they reappear in free
+# text, e.g. an engine echoing its own arguments into server.log.
+_KNOWN: set[str] = set()
+_MIN_KNOWN = 6
+
+
 def is_secret_key(key: str) -> bool:
-    words = [w.lower() for w in re.split(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])", str(key)) if w]
+    key = str(key).lstrip("-+")
+    if key.isupper() and _ENV_SECRET.search(key):
+        return True
+    words = [w.lower() for w in re.split(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])", key) if w]
     return any(
         w in _SECRET_WORDS and not (i > 0 and words[i - 1] in _NOT_SECRET_BEFORE and w in ("token", "key"))
         for i, w in enumerate(words)
     )
 
 
+def register_secret(value: Any) -> None:
+    """Remember a secret value so that `redact_text` masks it in any text written later in this process."""
+    # not an environment variable's *name* (judge.api_key_env: OPENAI_API_KEY), which errors must still show
+    if isinstance(value, str) and len(value) >= _MIN_KNOWN and not re.fullmatch(r"[A-Z][A-Z0-9_]*", value):
+        _KNOWN.add(value)
+
+
+def _mask_pair(m: re.Match[str]) -> str:
+    key, sep, value = m.group(1), m.group(2), m.group(3)
+    if not is_secret_key(key) or value == REDACTED:
+        return m.group(0)
+    register_secret(value.strip("'\""))
+    return f"{key}{sep}{REDACTED}"
+
+
 def redact_text(text: str) -> str:
-    """Mask credential-shaped substrings and ``KEY=value`` pairs whose key is secret."""
+    """Mask, in free text (command lines, log lines): known secret values, credential-shaped substrings,
+    ``KEY=value`` / ``--flag=value`` / ``--flag value`` / ``'key': 'value'`` whose key or flag is secret."""
+    for value in sorted(_KNOWN, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
     text = _SECRET_VALUE.sub(REDACTED, text)
-    return re.sub(
-        r"([A-Za-z0-9_.\-]+)=(\S+)",
-        lambda m: f"{m.group(1)}={REDACTED}" if is_secret_key(m.group(1)) else m.group(0),
-        text,
-    )
+    text = re.sub(r"([A-Za-z0-9_.\-]+)(=)(\S+)", _mask_pair, text)  # KEY=value, --api-key=value
+    text = re.sub(r"(?<!\S)(--?[A-Za-z][A-Za-z0-9_.\-]*)(\s+)([^\s\-]\S*)", _mask_pair, text)  # --api-key value
+    text = re.sub(r"""(?<=['"])([A-Za-z0-9_.\-]+)(['"]\s*:\s*)('[^']*'|"[^"]*")""", _mask_pair, text)  # 'k': 'v'
+    for value in sorted(_KNOWN, key=len, reverse=True):  # values first seen in this very text
+        text = text.replace(value, REDACTED)
+    return text
+
+
+class RedactFilter(logging.Filter):
+    """A logging filter that writes every record's message through `redact_text` (log files Hydra and we open)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        clean = redact_text(msg)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        return True
+
+
+def redact_logging() -> None:
+    """Put `RedactFilter` on every handler of the root logger (once)."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactFilter) for f in handler.filters):
+            handler.addFilter(RedactFilter())
+
+
+def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """A command line with secret flag values masked: ``['--api-key', 'v']``, ``--api-key=v``, ``HF_TOKEN=v``."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        prev = _FLAG.match(argv[i - 1]) if i > 0 and isinstance(argv[i - 1], str) else None
+        if prev is not None and is_secret_key(prev.group(1)) and not str(arg).startswith("-"):
+            register_secret(arg)
+            out.append(REDACTED)
+        else:
+            out.append(redact_text(str(arg)))
+    return out
 
 
 def redact(obj: Any) -> Any:
-    """Deep copy of dicts/lists with secret-keyed string values (and credential-shaped strings) masked."""
+    """Deep copy of dicts/lists with secret-keyed string values, secret flags' values in argument lists
+    (``[..., '--api-key', 'v']``) and credential-shaped strings masked."""
     if isinstance(obj, dict):
-        return {k: (REDACTED if is_secret_key(k) and isinstance(v, str) and v else redact(v)) for k, v in obj.items()}
+        out = {}
+        for k, v in obj.items():
+            if is_secret_key(k) and isinstance(v, str) and v:
+                register_secret(v)
+                out[k] = REDACTED
+            else:
+                out[k] = redact(v)
+        return out
     if isinstance(obj, (list, tuple)):
+        if any(isinstance(v, str) and _FLAG.match(v) for v in obj) and all(isinstance(v, str) for v in obj):
+            return type(obj)(redact_argv(list(obj)))
         return type(obj)(redact(v) for v in obj)
     if isinstance(obj, str):
         return redact_text(obj)

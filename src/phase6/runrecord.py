@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from phase6.redact import redact, redact_text
+from phase6.redact import redact, redact_argv, redact_text
 from phase6.terminal import format_rows
 
 PACKAGES = (
@@ -152,7 +152,7 @@ def env_info() -> dict[str, Any]:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "command": redact_text(" ".join(sys.argv)),
+        "command": " ".join(redact_argv(sys.argv)),
         "overrides": redact_text(os.environ.get("PHASE6_OVERRIDES", "")),
         "env": redact({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -229,6 +229,66 @@ def wandb_mode(requested: str | None) -> str:
     return "offline"
 
 
+RECORD_FILES = ("config.yaml", "env.json", "metrics.jsonl", "results.json", "predicted.json", "checkpoints")
+"""What a phase6 run leaves in its directory; any of these marks the directory as holding a run."""
+
+
+def run_records(path: Path) -> list[str]:
+    """The run records in ``path`` or its direct subdirectories (a sweep's members), as relative paths."""
+    if not path.is_dir():
+        return []
+    found = []
+    for d in (path, *sorted(c for c in path.iterdir() if c.is_dir())):
+        for name in RECORD_FILES:
+            f = d / name
+            if f.is_file() or (f.is_dir() and any(f.iterdir())):
+                found.append(str(f.relative_to(path)))
+    return found
+
+
+def claim_run_dir(path: str | Path, *, overwrite: bool, resume: bool) -> None:
+    """Make ``path`` safe to write this run's records into, before anything is built.
+
+    Empty or absent: fine. Holding another run's records: refused with one line, unless the run resumes them
+    (``resume``) or ``overwrite`` asks to replace them, which moves the old directory aside, never deletes it.
+    Only rank 0 decides (under torchrun the other ranks would see rank 0's fresh records).
+    """
+    from phase6.errors import UserError
+
+    path = Path(path)
+    if int(os.environ.get("RANK", "0")) != 0 or resume:
+        return
+    found = run_records(path)
+    if not found:
+        return
+    if not overwrite:
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise UserError(
+            f"run.dir: {path} holds another run's records ({shown}); resume it (train.resume=auto), pick another "
+            "run.dir, or set run.overwrite=true to move the old one aside"
+        )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = path.with_name(f"{path.name}.replaced-{stamp}")
+    n = 1
+    while aside.exists():
+        aside = path.with_name(f"{path.name}.replaced-{stamp}-{n}")
+        n += 1
+    os.replace(path, aside)
+    print(f"run.overwrite: moved the previous run in {path} to {aside}", file=sys.stderr, flush=True)
+
+
+# Records opened in this process and not finished: marked failed if the job raises.
+_OPEN: list[RunRecord] = []
+
+
+def mark_failed(error: BaseException) -> None:
+    """Write ``status: failed`` and the one-line error into every unfinished run record of this process."""
+    from phase6.errors import one_line
+
+    while _OPEN:
+        _OPEN.pop().fail(one_line(error))
+
+
 class RunRecord:
     """A run directory plus the fan-out logger (console, metrics.jsonl, W&B); inert on ranks other than 0."""
 
@@ -249,6 +309,7 @@ class RunRecord:
         if not self.is_main:
             return
         self.plots_dir.mkdir(parents=True, exist_ok=True)
+        _OPEN.append(self)
         self.config_dict = redact(json.loads(dumps(to_dict(cfg))))
         (self.dir / "config.yaml").write_text(yaml.safe_dump({"job": job, **self.config_dict}, sort_keys=False))
         (self.dir / "env.json").write_text(json.dumps(env_info(), indent=2))
@@ -269,17 +330,23 @@ class RunRecord:
 
         # The process-wide settings must carry the mode too: with only init(mode="offline"), W&B's telemetry proxy
         # still POSTs to its server once (caught by tests/test_foundation_records.py through a loopback proxy).
-        wandb.setup(settings=wandb.Settings(mode=mode))
-        self._wandb = wandb.init(
-            project=logger.project,
-            entity=logger.entity,
-            name=f"{self.job}/{self.dir.name}",
-            dir=str(self.dir),
-            mode=mode,
-            config=self.config_dict,
-            job_type=self.job,
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
-        )
+        # W&B records the command line (settings._args = sys.argv[1:]): it sees the redacted one.
+        argv = sys.argv
+        sys.argv = redact_argv(argv)
+        try:
+            wandb.setup(settings=wandb.Settings(mode=mode))
+            self._wandb = wandb.init(
+                project=logger.project,
+                entity=logger.entity,
+                name=f"{self.job}/{self.dir.name}",
+                dir=str(self.dir),
+                mode=mode,
+                config=self.config_dict,
+                job_type=self.job,
+                settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+            )
+        finally:
+            sys.argv = argv
 
     def print(self, *args: Any) -> None:
         if self.is_main:
@@ -288,7 +355,7 @@ class RunRecord:
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if not self.is_main:
             return
-        row = {"step": step, "time_s": round(time.time() - self.t0, 4), **metrics}
+        row = redact({"step": step, "time_s": round(time.time() - self.t0, 4), **metrics})
         assert self._metrics_f is not None
         self._metrics_f.write(dumps(row) + "\n")
         if self._wandb is not None:
@@ -310,7 +377,7 @@ class RunRecord:
     ) -> Path:
         """Write results.json / results.md, close W&B, print the run dir (last line)."""
         if self.is_main:
-            results: dict[str, Any] = {"job": self.job, "rows": rows}
+            results: dict[str, Any] = {"job": self.job, "status": "complete", "rows": rows}
             for k, v in (
                 ("predicted", predicted),
                 ("measured", measured),
@@ -323,9 +390,7 @@ class RunRecord:
             results.update(extra or {})
             results["wall_time_s"] = time.time() - self.t0
             results = redact(json.loads(dumps(results)))
-            tmp = self.dir / "results.json.tmp"
-            tmp.write_text(json.dumps(results, indent=2))
-            os.replace(tmp, self.dir / "results.json")
+            self._write_results(results)
             plots = sorted(str(p.relative_to(self.dir)) for p in self.plots_dir.glob("*.png"))
             (self.dir / "results.md").write_text(render_markdown(results, plots))
             if self._console is not None and rows:  # fitted to the terminal width; results.md has everything
@@ -335,7 +400,24 @@ class RunRecord:
             print(f"run dir: {self.dir}", flush=True)
         return self.dir
 
+    def _write_results(self, results: dict[str, Any]) -> None:
+        tmp = self.dir / "results.json.tmp"
+        tmp.write_text(json.dumps(results, indent=2))
+        os.replace(tmp, self.dir / "results.json")
+
+    def fail(self, error: str) -> None:
+        """The run stopped on ``error``: results.json/results.md say ``status: failed`` and why (rank 0 only)."""
+        if self.is_main:
+            results = redact(
+                {"job": self.job, "status": "failed", "error": error, "wall_time_s": time.time() - self.t0}
+            )
+            self._write_results(results)
+            (self.dir / "results.md").write_text(f"# {self.job} results\n\n**FAILED**: {results['error']}\n")
+        self.close()
+
     def close(self) -> None:
+        if self in _OPEN:
+            _OPEN.remove(self)
         if self._metrics_f is not None:
             self._metrics_f.close()
             self._metrics_f = None

@@ -10,8 +10,10 @@ Layout (see docs/configs.md):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,9 @@ class RunConfig:
     """Short name appended to the run directory and used as the W&B run name."""
     seed: int = 1337
     """Global seed (torch, numpy, python) for everything the run samples."""
+    overwrite: bool = False
+    """A run.dir holding another run's records is refused unless the run resumes it (train.resume) or this is true:
+    then the old directory is moved aside to ``<dir>.replaced-<timestamp>`` (never deleted)."""
 
     def __post_init__(self) -> None:
         require(
@@ -232,6 +237,9 @@ class JobSpec:
     check: str = ""
     """``module:function`` run on the validated root dataclass before the job starts (a check that needs the job's
     own library, e.g. the planner's feasibility check; config validation itself imports nothing else of phase6)."""
+    preflight: str | None = None
+    """``module:function`` checking the user's inputs (files, endpoints) of one config before the job's module and
+    its heavy imports load: a bad file fails in a second with one line."""
 
 
 # The registry: job name (= primary YAML name = CLI subcommand with '_' -> '-') -> spec.
@@ -253,7 +261,10 @@ JOBS: dict[str, JobSpec] = {
         "6A: lm-eval + val loss of an HF model",
     ),
     "dpo": JobSpec(
-        "phase6.config.dpo:DPORunConfig", "projects/6c_dpo/dpo.py:main", "LoRA-DPO/IPO/ORPO + battery + verdict"
+        "phase6.config.dpo:DPORunConfig",
+        "projects/6c_dpo/dpo.py:main",
+        "LoRA-DPO/IPO/ORPO + battery + verdict",
+        preflight="phase6.posttrain.dpo_data:preflight",
     ),
     "grpo": JobSpec(
         "phase6.config.grpo:GrpoRunConfig", "projects/6d_grpo/grpo.py:main", "6D: GRPO on GSM8K, instrumented rollouts"
@@ -293,7 +304,25 @@ def schema_of(job: str) -> type:
     return load_object(JOBS[job].schema)
 
 
+def check_finite(obj: Any, key: str = "") -> None:
+    """Every float in a config is finite: ``optim.lr=inf`` or ``nan`` (which compare false with every bound, so
+    range checks let them through) -> the one-line error naming the key. No phase6 setting means infinity."""
+    if isinstance(obj, float):
+        require(math.isfinite(obj), key, f"must be a finite number, got {obj}")
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            check_finite(getattr(obj, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            check_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            check_finite(v, f"{key}[{i}]")
+
+
 def to_dataclass(job: str, cfg: DictConfig) -> Any:
     """Validate a composed config against the job's dataclass: unknown key, wrong type, bad value -> error."""
     merged = OmegaConf.merge(OmegaConf.structured(schema_of(job)), cfg)
-    return OmegaConf.to_object(merged)
+    obj = OmegaConf.to_object(merged)
+    check_finite(obj)
+    return obj

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from phase6.data.shards import list_shards, load_manifest, read_header, read_shard, sha256_file
+from phase6.errors import UserError
 
 # (path, size, mtime_ns) of shards whose sha256 matched manifest.json in this process: hash each file once.
 _VERIFIED: set[tuple[str, int, int]] = set()
@@ -38,6 +39,13 @@ class TokenLoader(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def mark_verified(paths: list[Path]) -> None:
+    """Record shards whose sha256 a pre-flight check (``shards.verify_shards``) already matched: not hashed again."""
+    for path in paths:
+        st = path.stat()
+        _VERIFIED.add((str(path.resolve()), st.st_size, st.st_mtime_ns))
 
 
 def _check_geometry(batch_size: int, seq_len: int, rank: int, world_size: int) -> None:
@@ -112,7 +120,7 @@ class ShardLoader:
         tokens = read_shard(path)
         if info is not None:
             if len(tokens) != info.num_tokens:
-                raise ValueError(
+                raise UserError(
                     f"{path}: manifest mismatch: header has {len(tokens)} tokens, manifest.json says {info.num_tokens}"
                 )
             st = path.stat()
@@ -120,7 +128,7 @@ class ShardLoader:
             if key not in _VERIFIED:
                 digest = sha256_file(path)
                 if digest != info.sha256:
-                    raise ValueError(
+                    raise UserError(
                         f"{path}: manifest mismatch: sha256 {digest[:16]}... != manifest.json {info.sha256[:16]}..."
                     )
                 _VERIFIED.add(key)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from phase6.errors import UserError
+
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 MAGIC = 20240520
@@ -97,14 +99,14 @@ class Manifest:
 
         def need(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
             if key not in obj:
-                raise ValueError(f"{path}: manifest is missing key {where}{key!r}")
+                raise UserError(f"{path}: manifest is missing key {where}{key!r}")
             if not isinstance(obj[key], typ) or isinstance(obj[key], bool):
-                raise ValueError(f"{path}: manifest key {where}{key!r} has type {type(obj[key]).__name__}")
+                raise UserError(f"{path}: manifest key {where}{key!r} has type {type(obj[key]).__name__}")
             return obj[key]
 
         fmt = need(d, "format", str, "")
         if fmt != MANIFEST_FORMAT:
-            raise ValueError(f"{path}: manifest format {fmt!r} is not {MANIFEST_FORMAT!r}")
+            raise UserError(f"{path}: manifest format {fmt!r} is not {MANIFEST_FORMAT!r}")
         tok = need(d, "tokenizer", dict, "")
         tokenizer = TokenizerInfo(
             name=need(tok, "name", str, "tokenizer."),
@@ -117,10 +119,10 @@ class Manifest:
         for i, s in enumerate(need(d, "shards", list, "")):
             where = f"shards[{i}]."
             if not isinstance(s, dict):
-                raise ValueError(f"{path}: manifest key shards[{i}] is not an object")
+                raise UserError(f"{path}: manifest key shards[{i}] is not an object")
             split = need(s, "split", str, where)
             if split not in SPLITS:
-                raise ValueError(f"{path}: manifest key {where}split must be one of {SPLITS}, got {split!r}")
+                raise UserError(f"{path}: manifest key {where}split must be one of {SPLITS}, got {split!r}")
             shards.append(
                 ShardInfo(
                     need(s, "file", str, where), split, need(s, "num_tokens", int, where), need(s, "sha256", str, where)
@@ -161,13 +163,13 @@ def write_shard(path: str | Path, tokens: np.ndarray) -> ShardInfo:
     path = Path(path)
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.size == 0:
-        raise ValueError(f"{path}: shard tokens must be a non-empty 1-D array, got shape {tokens.shape}")
+        raise UserError(f"{path}: shard tokens must be a non-empty 1-D array, got shape {tokens.shape}")
     if not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(f"{path}: shard tokens must be integers, got dtype {tokens.dtype}")
+        raise UserError(f"{path}: shard tokens must be integers, got dtype {tokens.dtype}")
     if tokens.dtype != TOKEN_DTYPE:
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi > MAX_TOKEN_ID:
-            raise ValueError(f"{path}: token ids must be in [0, {MAX_TOKEN_ID}] for uint16 shards, got [{lo}, {hi}]")
+            raise UserError(f"{path}: token ids must be in [0, {MAX_TOKEN_ID}] for uint16 shards, got [{lo}, {hi}]")
         tokens = tokens.astype(TOKEN_DTYPE)
     header = encode_header(tokens.size)
     body = memoryview(np.ascontiguousarray(tokens)).cast("B")
@@ -189,25 +191,23 @@ def read_header(path: str | Path) -> int:
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        raise ValueError(f"{path}: shard file not found") from None
+        raise UserError(f"{path}: shard file not found") from None
     if size < HEADER_BYTES:
-        raise ValueError(f"{path}: truncated shard: {size} bytes, the header alone is {HEADER_BYTES}")
+        raise UserError(f"{path}: truncated shard: {size} bytes, the header alone is {HEADER_BYTES}")
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     magic, version, num_tokens = int(header[0]), int(header[1]), int(header[2])
     if magic != MAGIC:
         hint = " (20240801 = llm.c Llama-3 uint32 shards, not supported)" if magic == 20240801 else ""
-        raise ValueError(f"{path}: wrong magic {magic}{hint}; expected {MAGIC} (llm.c GPT-2 uint16 shard)")
+        raise UserError(f"{path}: wrong magic {magic}{hint}; expected {MAGIC} (llm.c GPT-2 uint16 shard)")
     if version != VERSION:
-        raise ValueError(f"{path}: unsupported shard version {version}; expected {VERSION}")
+        raise UserError(f"{path}: unsupported shard version {version}; expected {VERSION}")
     expected = HEADER_BYTES + num_tokens * TOKEN_DTYPE.itemsize
     if num_tokens <= 0:
-        raise ValueError(f"{path}: header says {num_tokens} tokens; a shard holds at least one")
+        raise UserError(f"{path}: header says {num_tokens} tokens; a shard holds at least one")
     if size < expected:
-        raise ValueError(
-            f"{path}: truncated shard: header says {num_tokens} tokens ({expected} bytes), file has {size}"
-        )
+        raise UserError(f"{path}: truncated shard: header says {num_tokens} tokens ({expected} bytes), file has {size}")
     if size > expected:
-        raise ValueError(
+        raise UserError(
             f"{path}: token count mismatch: header says {num_tokens} tokens ({expected} bytes), file has {size} bytes"
         )
     return num_tokens
@@ -231,7 +231,7 @@ def split_of(path: str | Path) -> str:
     """'val' or 'train' from an llm.c-style file name (``*_val_000000.bin``, ``fineweb_train_000001.bin``)."""
     m = _SHARD_NAME.search(Path(path).name)
     if m is None:
-        raise ValueError(f"{path}: shard name must contain '_val_' or '_train_' and end in .bin (llm.c naming)")
+        raise UserError(f"{path}: shard name must contain '_val_' or '_train_' and end in .bin (llm.c naming)")
     return m.group(1)
 
 
@@ -263,10 +263,10 @@ def load_manifest(data_dir: str | Path) -> Manifest | None:
         return None
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(d, dict):
-        raise ValueError(f"{path}: manifest must be a JSON object")
+        raise UserError(f"{path}: manifest must be a JSON object")
     return Manifest.from_dict(d, path)
 
 
@@ -274,13 +274,13 @@ def check_shard(path: Path, info: ShardInfo, *, sha256: bool) -> None:
     """A shard must agree with its manifest entry: header token count, and (if ``sha256``) the file hash."""
     num_tokens = read_header(path)
     if num_tokens != info.num_tokens:
-        raise ValueError(
+        raise UserError(
             f"{path}: manifest mismatch: header has {num_tokens} tokens, manifest.json says {info.num_tokens}"
         )
     if sha256:
         digest = sha256_file(path)
         if digest != info.sha256:
-            raise ValueError(
+            raise UserError(
                 f"{path}: manifest mismatch: sha256 {digest[:16]}... != manifest.json {info.sha256[:16]}..."
             )
 
@@ -298,31 +298,58 @@ def list_shards(data: str | Path, split: str) -> list[Path]:
         paths = sorted((Path(p) for p in glob.glob(pattern)), key=_shard_sort_key)
         paths = [p for p in paths if split_of(p) == split]
         if not paths:
-            raise ValueError(f"{pattern}: no {split} shards match this pattern")
+            raise UserError(f"{pattern}: no {split} shards match this pattern")
         return paths
     data_dir = Path(data)
     if not data_dir.is_dir():
-        raise ValueError(f"{data_dir}: data directory not found (run `phase6 prepare-data` first)")
+        raise UserError(f"{data_dir}: data directory not found (run `phase6 prepare-data` first)")
     manifest = load_manifest(data_dir)
     if manifest is not None:
         paths = [data_dir / s.file for s in manifest.shards if s.split == split]
     else:
         if (data_dir / "progress.json").exists():
-            raise ValueError(f"{data_dir}: prep is unfinished (progress.json, no manifest.json); rerun prepare-data")
+            raise UserError(f"{data_dir}: prep is unfinished (progress.json, no manifest.json); rerun prepare-data")
         paths = sorted((p for p in data_dir.glob("*.bin") if _SHARD_NAME.search(p.name)), key=_shard_sort_key)
         paths = [p for p in paths if split_of(p) == split]
     if not paths:
-        raise ValueError(
+        raise UserError(
             f"{data_dir}: no {split} shards (expected *_{split}_NNNNNN.bin or a manifest.json listing them)"
         )
     return paths
 
 
-def verify_shards(data_dir: str | Path, *, sha256: bool = True) -> Manifest | None:
+def check_manifest_counts(data_dir: Path, manifest: Manifest) -> None:
+    """The manifest's totals must add up: num_tokens = the shards' sum, and at least one val and one train shard."""
+    where = data_dir / MANIFEST_NAME
+    for split in SPLITS:
+        if not any(s.split == split for s in manifest.shards):
+            raise UserError(f"{where}: manifest lists no {split} shard")
+    total = sum(s.num_tokens for s in manifest.shards)
+    if manifest.num_tokens and manifest.num_tokens != total:
+        raise UserError(f"{where}: manifest num_tokens is {manifest.num_tokens} but its shards hold {total}")
+
+
+def default_hash_workers(world_size: int = 1) -> int:
+    """Threads hashing shards on one process: the node's cores shared by its ranks, at most 16 (hashlib releases
+    the GIL on large buffers, so threads scale until the disk is the bound)."""
+    return max(1, min(16, (os.cpu_count() or 1) // max(1, world_size)))
+
+
+def verify_shards(
+    data_dir: str | Path,
+    *,
+    sha256: bool = True,
+    workers: int | None = None,
+    part: tuple[int, int] = (0, 1),
+) -> Manifest | None:
     """Check every shard in a data directory: header, size, and against manifest.json (token count, sha256).
 
-    Returns the manifest (None for a manifest-less llm.c set, whose headers are still checked).
+    Headers and the manifest's counts are checked for every shard (cheap); sha256 is computed for the shards of
+    ``part`` = (index, count) (shard i when i % count == index, so the ranks of a job share the hashing), on
+    ``workers`` threads. Returns the manifest (None for a manifest-less llm.c set, whose headers are still checked).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     data_dir = Path(data_dir)
     manifest = load_manifest(data_dir)
     if manifest is None:
@@ -330,8 +357,17 @@ def verify_shards(data_dir: str | Path, *, sha256: bool = True) -> Manifest | No
             for path in list_shards(data_dir, split):
                 read_header(path)
         return None
-    if not any(s.split == "val" for s in manifest.shards):
-        raise ValueError(f"{data_dir / MANIFEST_NAME}: manifest lists no val shard")
+    check_manifest_counts(data_dir, manifest)
     for info in manifest.shards:
-        check_shard(data_dir / info.file, info, sha256=sha256)
+        check_shard(data_dir / info.file, info, sha256=False)
+    if sha256:
+        mine = [info for i, info in enumerate(manifest.shards) if i % part[1] == part[0]]
+        with ThreadPoolExecutor(workers or default_hash_workers(part[1])) as pool:
+            digests = list(pool.map(lambda info: sha256_file(data_dir / info.file), mine))
+        for info, digest in zip(mine, digests, strict=True):  # the first bad shard in manifest order
+            if digest != info.sha256:
+                raise UserError(
+                    f"{data_dir / info.file}: manifest mismatch: sha256 {digest[:16]}... != manifest.json "
+                    f"{info.sha256[:16]}... (corrupt or modified shard)"
+                )
     return manifest

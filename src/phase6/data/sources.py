@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phase6.config.data import LOCAL_SUFFIXES, DataConfig
+from phase6.textio import base_suffix, open_text, read_text
 
 
 @dataclass
@@ -131,12 +132,12 @@ def local_files(path: str | Path) -> list[Path]:
         return files
     path = Path(path)
     if path.is_file():
-        if path.suffix not in LOCAL_SUFFIXES:
-            raise ValueError(f"{path}: data.local_path must end in one of {LOCAL_SUFFIXES}")
+        if base_suffix(path) not in LOCAL_SUFFIXES:
+            raise ValueError(f"{path}: data.local_path must end in one of {LOCAL_SUFFIXES} (optionally .gz/.zst)")
         return [path]
     if not path.is_dir():
         raise ValueError(f"{path}: data.local_path does not exist")
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and base_suffix(p) in LOCAL_SUFFIXES)
     if not files:
         raise ValueError(f"{path}: no {'/'.join(LOCAL_SUFFIXES)} files under data.local_path")
     return files
@@ -158,12 +159,12 @@ def count_local_docs(files: list[Path]) -> int:
 
     n = 0
     for path in files:
-        if path.suffix == ".txt":
+        if base_suffix(path) == ".txt":
             n += 1
         elif path.suffix == ".parquet":
             n += pq.ParquetFile(path).metadata.num_rows
         else:
-            with open(path, "rb") as f:
+            with open_text(path) as f:
                 n += sum(1 for line in f if line.strip())
     return n
 
@@ -171,19 +172,16 @@ def count_local_docs(files: list[Path]) -> int:
 def local_documents(files: list[Path], text_column: str) -> Iterator[str]:
     """.txt: the whole file is one document; .jsonl: one object per line; .parquet: one row per document."""
     for path in files:
-        if path.suffix == ".txt":
-            try:
-                yield path.read_text(encoding="utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}: not UTF-8 text ({e})") from None
-        elif path.suffix == ".jsonl":
+        if base_suffix(path) == ".txt":
+            yield read_text(path)
+        elif base_suffix(path) == ".jsonl":
             yield from _jsonl_documents(path, text_column)
         else:
             yield from _parquet_documents(path, text_column)
 
 
 def _jsonl_documents(path: Path, text_column: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from phase6.config.evals import LocalTask
+from phase6.textio import read_text
 
 # Primary metric per built-in task: (metric, filter) as in lm-eval's result keys "<metric>,<filter>".
 PRIMARY_METRIC: dict[str, tuple[str, str]] = {
@@ -46,7 +47,7 @@ def _validate_local_rows(task: LocalTask) -> int:
     if not path.is_file():
         raise ValueError(f"eval.local_tasks[{task.name}].path: {path} is not a file")
     n = 0
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -84,6 +84,25 @@ def _ask(client: httpx.Client, model: str, question: str, a: str, b: str, max_to
     return parse_verdict(r.json()["choices"][0]["message"]["content"])
 
 
+def probe_judge(base_url: str, api_key_env: str | None = None, timeout_s: float = 10.0) -> None:
+    """Before training: the judge endpoint answers and, with a key, accepts it; else a one-line UserError."""
+    from phase6.errors import UserError
+
+    headers = {}
+    if api_key_env:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise UserError(f"eval.judge.api_key_env: environment variable {api_key_env} is not set")
+        headers["Authorization"] = f"Bearer {key}"
+    url = base_url.rstrip("/") + "/models"
+    try:
+        r = httpx.get(url, headers=headers, timeout=timeout_s, trust_env=False)
+    except httpx.HTTPError as e:
+        raise UserError(f"eval.judge.base_url: {base_url} is unreachable ({type(e).__name__}: {e})") from None
+    if r.status_code in (401, 403):
+        raise UserError(f"eval.judge.base_url: {url} refused the key in ${api_key_env} (HTTP {r.status_code})")
+
+
 def judge_pairwise(
     questions: Sequence[str],
     before: Sequence[str],

@@ -58,15 +58,22 @@ def _noise_pts(before: BatteryResult, after: BatteryResult, task: str) -> float 
 
 
 def target_check(
-    before: BatteryResult | None, after: BatteryResult | None, target: str, judge_win_rate: float | None
+    before: BatteryResult | None,
+    after: BatteryResult | None,
+    target: str,
+    judge_win_rate: float | None,
+    judge_error: str | None = None,
+    battery_error: str | None = None,
 ) -> Check:
     """Target improved: a battery task whose score must rise, or ``judge`` (pairwise win rate > 50%)."""
     if target == "judge":
         if judge_win_rate is None:
-            return Check("target improved (judge)", "skipped", "win rate > 50%", None, "no judge endpoint configured")
+            why = f"judge unavailable: {judge_error}" if judge_error else "no judge endpoint configured"
+            return Check("target improved (judge)", "skipped", "win rate > 50%", None, why)
         return Check("target improved (judge)", f"{100 * judge_win_rate:.1f}%", "win rate > 50%", judge_win_rate > 0.5)
     if before is None or after is None or target not in before.scores or target not in after.scores:
-        return Check(f"target improved ({target})", "—", "delta > 0", None, f"{target} not in the battery")
+        why = f"battery unavailable: {battery_error}" if battery_error else f"{target} not in the battery"
+        return Check(f"target improved ({target})", "—", "delta > 0", None, why)
     d = 100 * (after.scores[target].value - before.scores[target].value)
     noise = _noise_pts(before, after, target)
     if noise is None:
@@ -77,10 +84,15 @@ def target_check(
 
 
 def mmlu_check(
-    before: BatteryResult | None, after: BatteryResult | None, max_drop_pts: float = 2.0, task: str = "mmlu"
+    before: BatteryResult | None,
+    after: BatteryResult | None,
+    max_drop_pts: float = 2.0,
+    task: str = "mmlu",
+    battery_error: str | None = None,
 ) -> Check:
     if before is None or after is None or task not in before.scores or task not in after.scores:
-        return Check("MMLU drop", "—", f"≤ {max_drop_pts:g} pts", None, f"{task} not in the battery")
+        why = f"battery unavailable: {battery_error}" if battery_error else f"{task} not in the battery"
+        return Check("MMLU drop", "—", f"≤ {max_drop_pts:g} pts", None, why)
     d = 100 * (after.scores[task].value - before.scores[task].value)
     return Check("MMLU drop", f"{d:+.2f} pts", f"≥ -{max_drop_pts:g} pts", d >= -max_drop_pts)
 
@@ -112,11 +124,15 @@ def dpo_verdict(
     judge_win_rate: float | None = None,
     max_mmlu_drop_pts: float = 2.0,
     max_length_ratio: float = 1.3,
+    judge_error: str | None = None,
+    battery_error: str | None = None,
 ) -> Verdict:
+    """``judge_error`` / ``battery_error``: why an evaluation that was asked for could not run (the checks it feeds
+    are then ``not measured`` with that reason, and the verdict INCOMPLETE)."""
     return Verdict(
         [
-            target_check(before, after, target, judge_win_rate),
-            mmlu_check(before, after, max_mmlu_drop_pts),
+            target_check(before, after, target, judge_win_rate, judge_error, battery_error),
+            mmlu_check(before, after, max_mmlu_drop_pts, battery_error=battery_error),
             length_check(length_ratio, max_length_ratio, length_truncated_frac),
         ]
     )

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from phase6.fleet.sessions import session_keys
+from phase6.textio import open_text
 
 BLOCK_TOKENS = 512
 """Tokens per prefix block, fixed by the Mooncake trace format (hash_ids are 512-token blocks)."""
@@ -162,7 +163,7 @@ def iter_mooncake(path: str | Path) -> Iterator[TraceRow]:
     if not path.is_file():
         raise ValueError(f"{path}: Mooncake trace not found")
     prev = 0.0
-    with path.open() as f:
+    with open_text(path) as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -227,7 +228,7 @@ def iter_azure(path: str | Path) -> Iterator[TraceRow]:
     if not path.is_file():
         raise ValueError(f"{path}: Azure trace not found")
     prev = -math.inf
-    with path.open(newline="") as f:
+    with open_text(path, newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from phase6.config.dpo import FORMATS
+from phase6.errors import UserError
+from phase6.textio import base_suffix, read_text
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -92,12 +94,13 @@ class PreferenceSummary:
 def read_rows(path: str | Path, split: str = "train", data_dir: str | None = None) -> list[dict[str, Any]]:
     """Rows of a local .json (array, or JSON lines) / .jsonl file, or of a hub dataset id (needs network/cache)."""
     p = Path(path)
-    if p.suffix in (".json", ".jsonl") or p.exists():
+    suffix = base_suffix(p)  # pairs.jsonl.gz reads as .jsonl
+    if suffix in (".json", ".jsonl") or p.exists():
         if not p.is_file():
-            raise ValueError(f"data.path: {p} is not a file")
-        text = p.read_text(encoding="utf-8")
+            raise UserError(f"data.path: {p} is not a file")
+        text = read_text(p)
         stripped = text.lstrip()
-        if p.suffix == ".json" and stripped.startswith("["):
+        if suffix == ".json" and stripped.startswith("["):
             try:
                 rows = json.loads(text)
             except json.JSONDecodeError as e:
@@ -353,3 +356,35 @@ def load_preference_data(
         eval=Dataset.from_list([pairs[i] for i in eval_idx]),
         summary=summary,
     )
+
+
+_PREFLIGHT: dict[str, PreferenceSplits] = {}
+
+
+def _data_key(cfg: Any) -> str:
+    d = cfg.data
+    return repr((d.path, d.format, d.split, d.data_dir, d.drop_invalid, d.max_rows, d.eval_size, cfg.run.seed))
+
+
+def preflight(cfg: Any) -> None:
+    """`phase6 dpo` before anything heavy loads: every preference row validated, the judge endpoint probed."""
+    from phase6.evals.judge import probe_judge
+
+    d = cfg.data
+    _PREFLIGHT[_data_key(cfg)] = load_preference_data(
+        d.path,
+        d.format,
+        split=d.split,
+        data_dir=d.data_dir,
+        drop_invalid=d.drop_invalid,
+        max_rows=d.max_rows,
+        eval_size=d.eval_size,
+        seed=cfg.run.seed,
+    )
+    if cfg.eval.judge.base_url is not None:
+        probe_judge(cfg.eval.judge.base_url, cfg.eval.judge.api_key_env)
+
+
+def preflighted(cfg: Any) -> PreferenceSplits | None:
+    """The splits `preflight` already loaded for this config (once), else None."""
+    return _PREFLIGHT.pop(_data_key(cfg), None)

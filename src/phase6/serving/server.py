@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from typing import Any
 import httpx
 
 from phase6.config.serve import ServeConfig
+from phase6.errors import UserError
+from phase6.redact import redact_argv, redact_text
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per readiness poll otherwise
 
@@ -274,14 +277,46 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | N
     cmd = build_command(cfg, model, port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**(module_env() if cfg.engine == "torch-tp" else os.environ), **(env or {}), **cfg.env}
+    shown = redact_argv(cmd)  # secrets in engine flags (--api-key v) never reach server.log or results.json
     with log_path.open("ab") as log:
-        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.write(f"$ {' '.join(shown)}\n".encode())
         log.flush()
+        secret = shown != cmd  # the engine may echo its arguments: its output then goes through the redaction
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=full_env
+            cmd,
+            stdout=subprocess.PIPE if secret else log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=full_env,
         )
+    if secret:
+        threading.Thread(target=_redacting_copy, args=(proc.stdout, log_path), daemon=True).start()
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    return Server(cfg.engine, f"http://{host}:{port}", model, cmd, log_path, proc, key=cfg.launch_key())
+    return Server(cfg.engine, f"http://{host}:{port}", model, shown, log_path, proc, key=cfg.launch_key())
+
+
+def _redacting_copy(stream: Any, log_path: Path) -> None:
+    """Append the server's output to ``log_path`` line by line through `redact_text` until it closes."""
+    with log_path.open("a", errors="replace") as log:
+        for raw in iter(stream.readline, b""):
+            log.write(redact_text(raw.decode(errors="replace")))
+            log.flush()
+
+
+def check_endpoint(url: str, timeout_s: float = 5.0) -> None:
+    """Fail at once when nothing listens at ``url`` (connection refused, unknown host): a server that is still
+    loading accepts the connection, so this never cuts its start short."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        why = "connection refused, nothing listens there" if isinstance(e, ConnectionRefusedError) else str(e)
+        raise UserError(f"serve.endpoint: {url}: {why}") from None
 
 
 # Servers kept across the members of a sweep, keyed by their launch spec.
@@ -313,6 +348,7 @@ def acquire(
     if cfg.endpoint is not None:
         base = cfg.endpoint.rstrip("/")
         base = base.removesuffix("/v1")  # OpenAI clients are often given .../v1; the paths we call include it
+        check_endpoint(base)
         srv = Server(cfg.engine, base, cfg.model)
         srv.wait_ready(cfg.ready_timeout_s)
         return srv, False

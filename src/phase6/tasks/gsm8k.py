@@ -30,6 +30,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from phase6.textio import base_suffix, open_text, read_text
+
 PROMPT_SUFFIX = 'Let\'s think step by step and output the final answer after "####".'
 HUB_ID = "openai/gsm8k"
 MAX_NUMBER_CHARS = 64
@@ -225,9 +227,10 @@ def _validate(raw: Any, where: str) -> Gsm8kRow:
 
 
 def _read_local(path: Path) -> list[Any]:
-    if path.suffix == ".jsonl":
+    suffix = base_suffix(path)  # train.jsonl.gz reads as .jsonl
+    if suffix == ".jsonl":
         rows = []
-        with path.open(encoding="utf-8") as f:
+        with open_text(path) as f:
             for i, line in enumerate(f):
                 if line.strip():
                     try:
@@ -235,8 +238,8 @@ def _read_local(path: Path) -> list[Any]:
                     except json.JSONDecodeError as e:
                         raise ValueError(f"{path}: row {i}: not valid JSON ({e.msg})") from None
         return rows
-    if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+    if suffix == ".json":
+        data = json.loads(read_text(path))
         if not isinstance(data, list):
             raise ValueError(f"{path}: expected a JSON list of rows")
         return data
@@ -256,7 +259,8 @@ def load_gsm8k(source: str, split: str = "train", limit: int | None = None) -> l
     """
     path = Path(source).expanduser()
     if path.is_dir():
-        candidates = [path / f"{split}.jsonl", path / f"{split}.parquet", path / "main" / f"{split}.parquet"]
+        candidates = [path / f"{split}.jsonl", path / f"{split}.jsonl.gz", path / f"{split}.parquet"]
+        candidates += [path / "main" / f"{split}.parquet"]
         found = [c for c in candidates if c.exists()]
         if not found:
             raise ValueError(f"{path}: no {split}.jsonl or {split}.parquet for split {split!r}")
