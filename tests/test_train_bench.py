@@ -142,6 +142,6 @@ def test_bench_bad_flags_are_one_line_errors() -> None:
 )
 def test_profile_kernel_categories(kernel: str, category: str) -> None:
     """--profile sorts real CUDA kernel names (from H100/H200 traces) into the categories of its table."""
-    from phase6.bench.pretrain import kernel_category
+    from phase6.bench.pretrain_steps import kernel_category
 
     assert kernel_category(kernel) == category

@@ -104,38 +104,25 @@ of clip + AdamW.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from phase6 import metrics
-from phase6.config import CONFIG_DIR, HardwareConfig
-from phase6.config.pretrain import (
-    ModelConfig,
-    OptimConfig,
-    ParallelConfig,
-    check_perf_combination,
-    check_precision,
-)
+from phase6.bench.pretrain_levers import DEFAULT_LEVERS, LEVERS, ROW_PREDICTIONS, build_setup, combine, pick_winners
+from phase6.bench.pretrain_steps import bench_hf, load_yaml, not_run, reset, run_setup
+from phase6.config import HardwareConfig
+from phase6.config.pretrain import ModelConfig, ParallelConfig
 from phase6.dist import DistInfo, init_distributed, teardown
-from phase6.models.gpt2 import GPT
-from phase6.models.hf import hf_config_from
-from phase6.optim import build_optimizer, clip_grad_norm
-from phase6.parallel import parallelize, set_grad_sync
 
 RESULT_TAG = "PHASE6_BENCH_JSON "
 ROWS = ("baseline", "hf", "levers", "combined", "accum", "multi", "muon")
@@ -146,137 +133,6 @@ DEFAULT_ROWS = ROWS[:-1]
 MUON_PREDICTED = {1: "-8% vs AdamW at B x 1 (+10 ms NS)", 8: "-1% vs AdamW at x8 (+10 ms NS)"}
 
 
-@dataclass(frozen=True)
-class Lever:
-    """One performance knob: the config overrides it makes (the trainer reads the same fields) and its prediction."""
-
-    overrides: dict[str, Any]
-    """'model.<field>' / 'parallel.<field>' / 'train.tf32' -> value; 'parallel.inductor' dicts merge."""
-    predicted: str
-    """Predicted tokens/s change vs the baseline (the docstring gives the reasoning)."""
-    needs_cuda: bool = False
-    needs_compile: bool = False
-    compile_cost: float = 0.7
-    """Expected compile time of the row / the baseline's compile time (budget planning only)."""
-    isolate: bool = False
-    """Run in a child process killed at the time left (compile time open-ended)."""
-
-
-LEVERS: dict[str, Lever] = {
-    "cudnn": Lever({"parallel.sdpa_backend": "cudnn"}, "+3..4%", needs_cuda=True),
-    "liger": Lever({"model.fused_ce": "liger"}, "-6..0%", needs_cuda=True),
-    "fullgraph": Lever({"parallel.fullgraph": True}, "0%", needs_compile=True, compile_cost=0.3),
-    "autotune": Lever(
-        {"parallel.compile_mode": "max-autotune-no-cudagraphs"},
-        "+3..8%",
-        needs_compile=True,
-        compile_cost=4.0,
-        isolate=True,
-    ),
-    "coord": Lever(
-        {"parallel.inductor": {"coordinate_descent_tuning": True}}, "+1..3%", needs_compile=True, compile_cost=2.0
-    ),
-    "chunker": Lever({"parallel.inductor": {"auto_chunker.enable": True}}, "-3..+2%", needs_compile=True),
-    "fp8": Lever({"model.float8": "tensorwise"}, "+5..12%", compile_cost=1.3),
-    "fp8_rowwise": Lever({"model.float8": "rowwise"}, "+0..6%", compile_cost=1.3),
-    "fp8_head": Lever({"model.float8": "tensorwise", "model.float8_lm_head": True}, "+8..16%", compile_cost=1.3),
-    "bf16_resid": Lever({"model.residual_dtype": "bfloat16"}, "+2..4%", needs_cuda=True),
-    "ce_sliced": Lever({"model.ce_vocab": "sliced"}, "-6..-7% (the default before 2026-11-30)", needs_cuda=True),
-    "fa4": Lever({"parallel.sdpa_backend": "fa4"}, "+2..4%", needs_cuda=True, compile_cost=1.5, isolate=True),
-    "two_pass": Lever({"parallel.inductor": {"online_softmax": False}}, "+1.5..2.5%", needs_compile=True),
-    "autotune_sub": Lever(
-        {"parallel.compile_mode": "max-autotune-no-cudagraphs", "parallel.inductor": {"autotune_in_subproc": True}},
-        "+0..5%",
-        needs_compile=True,
-        compile_cost=4.0,
-        isolate=True,
-    ),
-    "tf32": Lever({"train.tf32": True}, "0%", compile_cost=0.5),
-    "flash": Lever({"parallel.sdpa_backend": "flash"}, "0%", compile_cost=0.3),
-    "efficient": Lever({"parallel.sdpa_backend": "efficient"}, "-10..-5%", needs_cuda=True),
-}
-DEFAULT_LEVERS = "cudnn,liger,fullgraph,autotune,coord"
-# predictions of the other rows for the default run (GPT-2 124M on one H200; the docstring gives the reasoning)
-ROW_PREDICTIONS = (
-    ("ours baseline", "539-547k (measured 2026-11-30, ce_vocab=padded)"),
-    ("HF ", "~417k (issue 3)"),
-    ("ours combined DDP", "97..99% scaling"),
-    ("ours combined FSDP2", "93..97% scaling"),
-    ("ours combined,", "combined +0..1%"),
-    ("ours combined", "+8..12%"),
-)
-
-
-@dataclass
-class Setup:
-    """The configuration a row runs: the trainer's model and parallel groups after the levers' overrides."""
-
-    levers: tuple[str, ...]
-    model: ModelConfig
-    parallel: ParallelConfig
-    tf32: bool = False
-
-    def overrides(self) -> str:
-        """The same configuration as `phase6 pretrain` command-line overrides."""
-        items: list[str] = []
-        for name in self.levers:
-            for key, value in LEVERS[name].overrides.items():
-                if isinstance(value, dict):
-                    items += [f"+{key}.{k}={json.dumps(v)}" for k, v in value.items()]
-                else:
-                    items.append(f"{key}={json.dumps(value) if isinstance(value, bool) else value}")
-        return " ".join(items) or "(none: the defaults)"
-
-
-def build_setup(model: ModelConfig, parallel: ParallelConfig, levers: list[str] | tuple[str, ...]) -> Setup:
-    """Apply the levers' overrides in order (dataclasses.replace re-runs each group's validation)."""
-    setup = Setup((), model, parallel)
-    for name in levers:
-        if name not in LEVERS:
-            raise ValueError(f"--levers: unknown lever {name!r}; known: {', '.join(LEVERS)}")
-        for key, value in LEVERS[name].overrides.items():
-            group, attr = key.split(".", 1)
-            if group == "train":
-                setup.tf32 = bool(value)
-                continue
-            target = getattr(setup, group)
-            if isinstance(value, dict):
-                value = {**getattr(target, attr), **value}
-            setattr(setup, group, dataclasses.replace(target, **{attr: value}))
-        setup.levers = (*setup.levers, name)
-    check_perf_combination(setup.model, setup.parallel)
-    return setup
-
-
-def combine(ranked: list[str], model: ModelConfig, parallel: ParallelConfig) -> tuple[Setup, list[str]]:
-    """Add levers best-first. A lever that sets a key an earlier one already set (two SDPA backends), or that the
-    config rejects next to the earlier ones (fullgraph with liger), is dropped. Returns (setup, notes)."""
-    kept: list[str] = []
-    notes: list[str] = []
-    for name in ranked:
-        clash = [
-            k
-            for k in LEVERS[name].overrides
-            if any(k in LEVERS[o].overrides for o in kept) and k != "parallel.inductor"
-        ]
-        if clash:
-            notes.append(f"{name} dropped: {clash[0]} already set by a faster lever")
-            continue
-        try:
-            build_setup(model, parallel, [*kept, name])
-        except ValueError as e:
-            notes.append(f"{name} dropped: {e}")
-            continue
-        kept.append(name)
-    return build_setup(model, parallel, kept), notes
-
-
-def pick_winners(rows: dict[str, dict[str, Any]], baseline_tps: float, min_gain_pct: float) -> list[str]:
-    """Lever names whose row beat the baseline by >= min_gain_pct, fastest first."""
-    gains = {n: 100 * (r["tokens/s"] / baseline_tps - 1) for n, r in rows.items() if r.get("tokens/s")}
-    return sorted((n for n, g in gains.items() if g >= min_gain_pct), key=lambda n: -gains[n])
-
-
 class Budget:
     """Wall-clock budget of the whole run (estimates decide which optional rows still fit)."""
 
@@ -285,10 +141,6 @@ class Budget:
 
     def left(self) -> float:
         return self.total_s - (self.clock() - self.t0)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# timing one setup
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -333,220 +185,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device visible (use --device cpu to exercise the code path)")
     return args
-
-
-def load_yaml(group: str, name: str) -> dict[str, Any]:
-    path = CONFIG_DIR / group / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"{path}: no such preset")
-    return yaml.safe_load(path.read_text())
-
-
-def synthetic(
-    vocab: int, batch: int, seq_len: int, device: torch.device, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    buf = torch.randint(0, vocab, (batch, seq_len + 1), generator=g).to(device)
-    return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()  # (B, T) each
-
-
-def time_steps(step: Callable[[], torch.Tensor], warmup: int, steps: int) -> tuple[list[float], list[float]]:
-    """(warm-up, timed) seconds per step, each ending in a host sync on the loss (as a loop logging every step)."""
-    warm, times = [], []
-    for out, n in ((warm, warmup), (times, steps)):
-        for _ in range(n):
-            t0 = time.perf_counter()
-            step().item()
-            out.append(time.perf_counter() - t0)
-    return warm, times
-
-
-def make_step(
-    pmodel: torch.nn.Module,
-    model: torch.nn.Module,
-    opt: torch.optim.Optimizer,
-    batch: tuple[torch.Tensor, torch.Tensor],
-    accum: int,
-    autocast: Any,
-    hf: bool = False,
-) -> Callable[[], torch.Tensor]:
-    """One optimizer step as projects/6a_pretrain/train.py runs it (sync only on the last micro-step)."""
-    x, y = batch
-
-    def step() -> torch.Tensor:
-        total = torch.zeros((), device=x.device)
-        for micro in range(accum):
-            set_grad_sync(pmodel, micro == accum - 1)
-            with autocast:
-                loss = pmodel(input_ids=x, labels=x).loss if hf else pmodel(x, y)
-            (loss / accum).backward()
-            total += loss.detach()
-        clip_grad_norm(model, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return total / accum
-
-    return step
-
-
-def row(
-    label: str,
-    levers: str,
-    B: int,
-    accum: int,
-    warm: list[float],
-    times: list[float],
-    tokens: int,
-    flops_tok: float,
-    peak: float,
-    gpus: int,
-    mem: float | None,
-) -> dict[str, Any]:
-    step_s = statistics.median(times)
-    tps = tokens / step_s
-    return {
-        "row": label,
-        "levers": levers,
-        "B": B,
-        "accum": accum,
-        "GPUs": gpus,
-        "tokens/step": tokens,
-        "step ms": 1000 * step_s,
-        "tokens/s": tps,
-        "MFU %": metrics.mfu_pct(tps, flops_tok, peak, gpus),
-        "peak mem GiB": mem,
-        "compile s": max(0.0, sum(warm) - len(warm) * step_s),
-    }
-
-
-def not_run(label: str, levers: str, B: int, accum: int, gpus: int, note: str) -> dict[str, Any]:
-    return {"row": label, "levers": levers, "B": B, "accum": accum, "GPUs": gpus, "note": note}
-
-
-def peak_mem(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-
-
-def reset(device: torch.device) -> None:
-    torch._dynamo.reset()  # each row compiles its own graphs, never as a dynamic-shape graph
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def run_setup(
-    args: argparse.Namespace,
-    setup: Setup,
-    info: DistInfo,
-    peak: float,
-    accums: list[int],
-    label: str,
-    mode: str = "ddp",
-    optim: str = "adamw_tuned",
-) -> list[dict[str, Any]]:
-    """Our GPT through phase6.parallel (SDPA pin, compile, DDP / FSDP2) and phase6.optim (fused AdamW, or Muon +
-    AdamW with optim='muon'), one row per accumulation setting; all share one compiled model (same micro-batch
-    shape)."""
-    device, T, B = info.device, args.seq_len, args.batch_size
-    reset(device)
-    torch.backends.cuda.matmul.allow_tf32 = setup.tf32  # set for every row: no leak from the previous one
-    use_bf16 = device.type == "cuda"
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-    check_precision(setup.model, use_bf16)
-    ocfg = OptimConfig(**{k: v for k, v in load_yaml("pretrain/optim", optim).items() if k != "name"})
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = GPT(setup.model)
-    pmodel = parallelize(
-        model, dataclasses.replace(setup.parallel, mode=mode), info, torch.bfloat16 if use_bf16 else None
-    )
-    opt = build_optimizer(model, ocfg)
-    n = model.num_params() - model.transformer.wpe.weight.numel()
-    flops_tok = metrics.flops_per_token(n, setup.model.n_layer, setup.model.n_head, setup.model.head_dim, T)
-    batch = synthetic(setup.model.vocab_size, B, T, device, seed=info.rank)
-    levers = "+".join(setup.levers) or "-"
-    rows = []
-    try:
-        for accum in accums:
-            warm, times = time_steps(make_step(pmodel, model, opt, batch, accum, autocast), args.warmup, args.steps)
-            name = label if accum == 1 else f"{label}, x{accum} accum"
-            tokens = B * T * accum * info.world_size
-            rows.append(
-                row(name, levers, B, accum, warm, times, tokens, flops_tok, peak, info.world_size, peak_mem(device))
-            )
-            if args.profile and accum == 1 and info.is_main:
-                step = make_step(pmodel, model, opt, batch, accum, autocast)
-                rows[-1]["kernel_ms"], rows[-1]["top_kernels"] = kernel_breakdown(step, args.profile, device)
-    finally:
-        del model, pmodel, opt
-    return rows
-
-
-# kernel-name patterns -> category of `--profile` (first match wins; matched against the lower-cased CUDA kernel name)
-KERNEL_CATEGORIES = (
-    ("attention", ("flash", "fmha", "attention", "cudnn")),
-    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "scaled_mm", "matmul", "sm90_", "sm80_")),
-    ("optimizer", ("adam", "multi_tensor", "foreach")),
-    ("inductor fused (triton)", ("triton",)),
-    ("copy / fill", ("copy", "fill", "memset", "memcpy")),
-)
-
-
-def kernel_category(name: str) -> str:
-    lname = name.lower()
-    return next((cat for cat, keys in KERNEL_CATEGORIES if any(k in lname for k in keys)), "other")
-
-
-def kernel_breakdown(
-    step: Callable[[], torch.Tensor], steps: int, device: torch.device, top: int = 15
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """GPU kernel time per optimizer step by category (torch.profiler over `steps` steps after the timed ones): where
-    the step's milliseconds go, measured rather than estimated. Sum = GPU busy time; step ms - sum = GPU idle.
-    Also the `top` kernels by time (name, category, ms and launches per step): which fused kernel holds the time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    if device.type != "cuda":
-        return {}, []
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step().item()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = {}
-    kernels = []
-    for ev in prof.key_averages():
-        us = getattr(ev, "device_time_total", 0.0) or 0.0
-        if us and ev.device_type == torch.autograd.DeviceType.CUDA:
-            cat = kernel_category(ev.key)
-            totals[cat] = totals.get(cat, 0.0) + us / 1e3 / steps
-            kernels.append({"kernel": ev.key[:90], "category": cat, "ms": us / 1e3 / steps, "calls": ev.count / steps})
-    kernels.sort(key=lambda k: -k["ms"])
-    top_rows = [{**k, "ms": round(k["ms"], 2), "calls": round(k["calls"], 1)} for k in kernels[:top]]
-    return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}, top_rows
-
-
-def bench_hf(args: argparse.Namespace, mcfg: ModelConfig, info: DistInfo, peak: float) -> dict[str, Any]:
-    """HF GPT2LMHeadModel (sdpa attention, vocab 50257 as shipped), same optimizer and step, torch.compile'd."""
-    from transformers import GPT2LMHeadModel
-
-    device, T, B = info.device, args.seq_len, args.hf_batch_size
-    reset(device)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.manual_seed(0)
-    config = hf_config_from(mcfg)  # the same network as ours, dropout off, vocab 50257 as HF ships it
-    hf = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa").to(device)
-    ocfg = OptimConfig(**{k: v for k, v in load_yaml("pretrain/optim", "adamw_tuned").items() if k != "name"})
-    opt = build_optimizer(hf, ocfg)
-    compile_on = not args.no_compile and device.type == "cuda"
-    if compile_on:
-        hf.compile()
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    batch = synthetic(mcfg.vocab_size, B, T, device, seed=0)
-    n = sum(p.numel() for p in hf.parameters()) - hf.transformer.wpe.weight.numel()
-    flops_tok = metrics.flops_per_token(n, mcfg.n_layer, mcfg.n_head, mcfg.head_dim, T)
-    warm, times = time_steps(make_step(hf, hf, opt, batch, 1, autocast, hf=True), args.warmup, args.steps)
-    label = "HF GPT2LMHeadModel sdpa" + (" compiled" if compile_on else " eager")
-    del hf, opt
-    return row(label, "-", B, 1, warm, times, B * T, flops_tok, peak, 1, peak_mem(device))
 
 
 def run_child(
