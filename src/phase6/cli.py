@@ -191,7 +191,8 @@ def fleet_bench(ctx: typer.Context) -> None:
     """Fleet simulator speed on one core: simulated requests/s for 1M-request traces (--requests, --scenarios, --engines)."""
     from phase6.fleet.bench import main as bench_main
 
-    bench_main(ctx.args)
+    with one_line_errors():
+        bench_main(ctx.args)
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print a table (timing goals live here).")

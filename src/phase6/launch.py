@@ -174,22 +174,56 @@ def preflight(job: str, overrides: list[str], multirun: bool) -> list[Any]:
 
 
 def _stamp() -> str:
-    """Timestamp for the default run dir; under torchrun every local rank uses its launcher's start time."""
-    t = time.time()
-    if "LOCAL_RANK" in os.environ:
-        try:
-            ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
-            btime = next(
-                int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
-            )
-            t = btime + ticks / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, StopIteration):
-            pass
-    return time.strftime("%Y%m%d-%H%M%S", time.localtime(t))
+    return time.strftime("%Y%m%d-%H%M%S")
 
 
 def default_run_dir(job: str, name: str) -> str:
     return str(Path("outputs") / job / f"{_stamp()}_{name}")
+
+
+_STORES: list[Any] = []  # rank 0's store client stays alive until the others have read the key
+
+
+def agree_across_ranks(decide: Callable[[], list[str]]) -> list[str]:
+    """``decide()`` on rank 0; under torchrun the other ranks receive its answer instead of deciding again.
+
+    The answer travels through torchrun's own rendezvous store: the TCPStore at MASTER_ADDR:MASTER_PORT that every
+    worker already reaches (hosted by the torchrun agent, or by rank 0 when TORCHELASTIC_USE_AGENT_STORE is not
+    True, as init_process_group does). Nothing is guessed per rank: no clocks, no /proc. A user error on rank 0
+    (a refused run.dir) is sent as well, so every rank stops with the same one line instead of waiting.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return decide()
+    import json
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    rank = int(os.environ["RANK"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=rank == 0 and not agent_store,
+        multi_tenant=True,  # init_process_group later reuses this server instead of binding the port again
+        timeout=timedelta(seconds=600),
+    )
+    key = f"phase6/run_dir/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if rank == 0:
+        _STORES.append(store)
+        try:
+            value = decide()
+        except UserError as e:
+            store.set(key, json.dumps({"error": str(e)}))
+            raise
+        store.set(key, json.dumps({"value": value}))
+        return value
+    answer = json.loads(store.get(key))
+    if "error" in answer:
+        raise UserError(answer["error"])
+    return answer["value"]
 
 
 def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callable[[Any], Any] | None = None) -> None:
@@ -211,13 +245,22 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
             raise UserError(one_line(e)) from e
     main_fn = main or load_object(JOBS[job].main)
     first = configs[0]
-    # a default (timestamped) directory never collides with a run started in the same second: it gets a suffix
-    run_dir = first.run.dir or _fresh(default_run_dir(job, first.run.name))
-    sweep_dir = first.run.dir or _fresh(str(Path("outputs") / job / f"sweep_{_stamp()}_{first.run.name}"))
-    # another run's records in the target directory: refused (or moved aside), before anything is built or written
+
+    def decide() -> list[str]:
+        """The run directory (and a sweep's), decided here once; jobs read it from cfg.run.dir."""
+        # a default (timestamped) directory never collides with a run started in the same second: it gets a suffix
+        run_dir = first.run.dir or _fresh(default_run_dir(job, first.run.name))
+        sweep_dir = first.run.dir or _fresh(str(Path("outputs") / job / f"sweep_{_stamp()}_{first.run.name}"))
+        # another run's records in the target: refused (or moved aside), before anything is built or written
+        target = Path(sweep_dir if multirun else run_dir)
+        existed.append(target.exists())
+        claim_run_dir(target, overwrite=first.run.overwrite, resume=all(resumes(c) for c in configs))
+        return [run_dir, sweep_dir]
+
+    existed: list[bool] = []  # rank 0 only: whether the target was there before (kept if the run fails early)
+    run_dir, sweep_dir = agree_across_ranks(decide)
+    target_existed = existed[0] if existed else True
     target = Path(sweep_dir if multirun else run_dir)
-    target_existed = target.exists()
-    claim_run_dir(target, overwrite=first.run.overwrite, resume=all(resumes(c) for c in configs))
     hydra_args = [
         f"hydra.run.dir={run_dir}",
         f"hydra.sweep.dir={sweep_dir}",
@@ -233,8 +276,8 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
         redact_logging()  # Hydra's <run dir>/launch.log and the console handlers
         OmegaConf.set_struct(cfg, False)
         cfg.run.dir = hc.runtime.output_dir
-        # what this member of a sweep overrides, for env.json and the sweep summary
-        os.environ["PHASE6_OVERRIDES"] = " ".join(o for o in hc.overrides.task if not o.startswith("hydra."))
+        # what this member of a sweep overrides, handed down as data for env.json and the sweep summary
+        cfg.run.overrides = [o for o in hc.overrides.task if not o.startswith("hydra.")]
         try:
             return main_fn(to_dataclass(job, cfg))
         except ValueError as e:  # UserError and the code base's input checks (ValueError naming the key or file)
@@ -246,6 +289,8 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
             mark_failed(e)
             raise
 
+    # hydra.main reads its overrides and -m from sys.argv only: it is the one public entry that runs Hydra's sweeper
+    # and launcher plugins (the compose API makes one config), so the argv is swapped for the call and restored
     argv = sys.argv
     sys.argv = [f"phase6-{job}", *job_overrides(job, hydra_args + list(overrides)), *(["-m"] if multirun else [])]
     try:

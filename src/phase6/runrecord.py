@@ -137,7 +137,7 @@ def gpu_info() -> list[dict[str, Any]]:
         pynvml.nvmlShutdown()
 
 
-def env_info() -> dict[str, Any]:
+def env_info(overrides: list[str] | None = None) -> dict[str, Any]:
     versions = {}
     for p in PACKAGES:
         try:
@@ -153,7 +153,7 @@ def env_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "command": " ".join(redact_argv(sys.argv)),
-        "overrides": redact_text(os.environ.get("PHASE6_OVERRIDES", "")),
+        "overrides": redact_text(" ".join(overrides or [])),
         "env": redact({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -293,14 +293,12 @@ class RunRecord:
     """A run directory plus the fan-out logger (console, metrics.jsonl, W&B); inert on ranks other than 0."""
 
     def __init__(self, cfg: Any, job: str, rank: int | None = None) -> None:
-        from phase6.launch import default_run_dir
-
         self.cfg, self.job = cfg, job
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         self.is_main = self.rank == 0
-        run_dir = getattr(cfg.run, "dir", None) or default_run_dir(job, cfg.run.name)
-        cfg.run.dir = run_dir
-        self.dir = Path(run_dir)
+        # decided once by the launcher (phase6.launch.run_job) and handed down; a caller outside it sets it itself
+        assert cfg.run.dir, "cfg.run.dir is unset: the launcher (phase6.launch.run_job) decides the run directory"
+        self.dir = Path(cfg.run.dir)
         self.plots_dir = self.dir / "plots"
         self.t0 = time.time()
         self._wandb: Any = None
@@ -312,7 +310,7 @@ class RunRecord:
         _OPEN.append(self)
         self.config_dict = redact(json.loads(dumps(to_dict(cfg))))
         (self.dir / "config.yaml").write_text(yaml.safe_dump({"job": job, **self.config_dict}, sort_keys=False))
-        (self.dir / "env.json").write_text(json.dumps(env_info(), indent=2))
+        (self.dir / "env.json").write_text(json.dumps(env_info(list(cfg.run.overrides)), indent=2))
         self._metrics_f = open(self.dir / "metrics.jsonl", "a", buffering=1)
         logger = getattr(cfg, "logger", None)
         if logger is not None and logger.console:

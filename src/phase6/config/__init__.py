@@ -42,6 +42,8 @@ class RunConfig:
     overwrite: bool = False
     """A run.dir holding another run's records is refused unless the run resumes it (train.resume) or this is true:
     then the old directory is moved aside to ``<dir>.replaced-<timestamp>`` (never deleted)."""
+    overrides: list[str] = field(default_factory=list)
+    """Set by the launcher, not a knob: this run's (or sweep member's) command-line overrides, for env.json."""
 
     def __post_init__(self) -> None:
         require(

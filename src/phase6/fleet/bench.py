@@ -162,12 +162,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     engines = [e for e in a.engines.split(",") if e]
     for s in scenarios:
         if s not in SCENARIOS:
-            raise SystemExit(f"phase6 fleet-bench: error: unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
+            raise ValueError(f"--scenarios: unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
     for e in engines:
         if e not in ("simpy", "heapq"):
-            raise SystemExit(f"phase6 fleet-bench: error: unknown engine {e!r}; known: simpy, heapq")
+            raise ValueError(f"--engines: unknown engine {e!r}; known: simpy, heapq")
     if a.requests < 1:
-        raise SystemExit("phase6 fleet-bench: error: --requests must be >= 1")
+        raise ValueError("--requests: must be >= 1")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # a one-core number
     cpu = (

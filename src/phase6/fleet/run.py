@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -320,17 +319,15 @@ def _plots(rec: Any, rows: list[dict[str, Any]], x: str, grid: list[dict[str, An
 def main(cfg: FleetRunConfig) -> dict[str, Any]:
     from phase6.runrecord import RunRecord, markdown_table
 
-    try:  # input problems (trace rows, model preset, memory fit) -> one line, exit 2, before any simulation
-        setup = build_setup(cfg)
-        w, dropped = load_workload(cfg.workload, cfg.run.seed)
-        if cfg.analysis.compare_with:
-            from phase6.fleet.compare import check_serve_bench
+    # input problems (trace rows, model preset, memory fit) raise ValueError before any simulation and before the
+    # run record exists: the launcher turns them into one line and exit 2
+    setup = build_setup(cfg)
+    w, dropped = load_workload(cfg.workload, cfg.run.seed)
+    if cfg.analysis.compare_with:
+        from phase6.fleet.compare import check_serve_bench
 
-            check_serve_bench(cfg.analysis.compare_with, cfg)
-        shared = papers_data() if cfg.analysis.papers else None
-    except ValueError as e:
-        print(f"phase6: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        check_serve_bench(cfg.analysis.compare_with, cfg)
+    shared = papers_data() if cfg.analysis.papers else None
     rec = RunRecord(cfg, job="fleet")
     rec.print(
         f"workload {w.source}: {len(w)} requests over {w.duration_s:.1f} s ({w.rate:.3g} req/s), mean input "

@@ -313,39 +313,38 @@ def explain(
 
 
 def print_table(result: dict[str, Any], rec: Recommendation) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The ranked layouts (and the serving TP x batch grid) as plain text fitted to the terminal width
+    (phase6.terminal.format_rows: transposed or in column blocks when a table is wider than the terminal)."""
+    from phase6.terminal import format_rows
 
-    con = Console()
     key = "decode_ms_per_token" if result["workload"] == "serve" else "step_time_s"
-    t = Table(
-        title=f"{result['model']} on {result['gpus']} x {result['hardware']} ({result['workload']}): "
+    title = (
+        f"{result['model']} on {result['gpus']} x {result['hardware']} ({result['workload']}): "
         f"{result['params'] / 1e9:.2f}B params, weights {result['weights_bytes'] / GIB:.1f} GiB, "
         f"KV {result['kv_cache_bytes_per_token']:,.0f} B/token"
     )
-    for col in ("#", "dp", "tp", "pp", "ep", "cp", "GiB/GPU", key, "tok/s", "reason"):
-        t.add_column(col, overflow="fold")
-    for i, c in enumerate(rec.candidates, 1):
-        lay = c.layout
-        t.add_row(
-            str(i),
-            str(lay.dp),
-            str(lay.tp),
-            str(lay.pp),
-            str(lay.ep),
-            str(lay.cp),
-            f"{c.memory_gib_per_gpu:.1f}",
-            f"{c.time_value:.4g}",
-            f"{c.extra.get('tokens_per_s', 0):,.0f}",
-            c.reason,
-        )
-    con.print(t)
-    if not rec.candidates:
-        con.print("[bold red]no layout fits[/]; closest:")
+    rows = [
+        {
+            "#": str(i),
+            "dp": c.layout.dp,
+            "tp": c.layout.tp,
+            "pp": c.layout.pp,
+            "ep": c.layout.ep,
+            "cp": c.layout.cp,
+            "GiB/GPU": f"{c.memory_gib_per_gpu:.1f}",
+            key: f"{c.time_value:.4g}",
+            "tok/s": f"{c.extra.get('tokens_per_s', 0):,.0f}",
+            "reason": c.reason,
+        }
+        for i, c in enumerate(rec.candidates, 1)
+    ]
+    if rows:
+        print(format_rows(rows, title), flush=True)
+    else:
+        print(f"{title}\nno layout fits; closest:", flush=True)
         for c in rec.rejected:
-            con.print(f"  {c.layout}: {c.memory_gib_per_gpu:.1f} GiB/GPU; {c.reason}")
+            print(f"  {c.layout}: {c.memory_gib_per_gpu:.1f} GiB/GPU; {c.reason}", flush=True)
     if result.get("serve_table"):
-        st = Table(title="serving: TP x batch (decode per token, prefill of plan.prompt_len per sequence batch)")
         cols = (
             "tp",
             "batch",
@@ -358,11 +357,11 @@ def print_table(result: dict[str, Any], rec: Recommendation) -> None:
             "bound",
             "tokens_per_s",
         )
-        for col in cols:
-            st.add_column(col)
-        for r in result["serve_table"]:
-            st.add_row(*[f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k]) for k in cols])
-        con.print(st)
+        serve_rows = [
+            {k: f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k]) for k in cols} for r in result["serve_table"]
+        ]
+        title = "serving: TP x batch (decode per token, prefill of plan.prompt_len per sequence batch)"
+        print("\n" + format_rows(serve_rows, title), flush=True)
 
 
 def main(cfg: PlanRunConfig) -> dict[str, Any]:
