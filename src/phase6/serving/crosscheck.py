@@ -3,8 +3,11 @@
 The request list (prompt text + requested output tokens, completions API, ``ignore_eos``, temperature 0) goes to
 ``vllm bench serve --dataset-name custom`` as JSONL, unshuffled and without a chat template, and to
 ``phase6.serving.client`` as the same bodies; both run closed loop at the same concurrency after the same number of
-warmup copies of the first request. Runs alternate (phase6, vLLM, vLLM, phase6 by default) so that drift of a
-shared machine falls on both clients alike.
+warmup copies of the first request. Everything runs in ONE process of the vLLM environment
+(``<vllm python> -m phase6.serving.crosscheck``): vLLM's client is its ``vllm bench serve`` parser and ``main``
+called in-process, so no run pays an interpreter start. Runs alternate in pairs (default ``pvvpvppv``: phase6,
+vLLM, vLLM, phase6, ...) and the throughput comparison is the median over pairs of phase6/vLLM, so a shared
+machine's drift falls on both clients alike.
 
 What must agree: completed requests and output tokens (the server's usage; ``ignore_eos`` fixes every length),
 input tokens (both take the server's ``usage.prompt_tokens``), and output throughput (same denominator: first
@@ -20,9 +23,8 @@ dispatch -> last request end). What may differ, and why:
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,6 @@ import numpy as np
 
 from phase6.serving.client import RunOutcome, request_body, run_benchmark
 from phase6.serving.stats import pct
-from phase6.serving.vllm_env import vllm_bench_command
 from phase6.serving.workload import BenchRequest
 
 
@@ -58,9 +59,15 @@ class ClientRun:
 
 
 def phase6_run(
-    base_url: str, model_id: str, requests: list[BenchRequest], concurrency: int, warmups: int, extra_body: dict
+    base_url: str,
+    model_id: str,
+    requests: list[BenchRequest],
+    concurrency: int,
+    warmups: int,
+    extra_body: dict,
+    temperature: float,
 ) -> tuple[ClientRun, RunOutcome]:
-    kw = dict(engine="vllm", api="completions", model=model_id, fix_output_len=True, temperature=0.0)
+    kw = dict(engine="vllm", api="completions", model=model_id, fix_output_len=True, temperature=temperature)
     bodies = [request_body(r, extra_body=extra_body, **kw) for r in requests]
     t = time.perf_counter()
     out = run_benchmark(base_url, "completions", bodies, [0.0] * len(bodies), concurrency, warmup=[bodies[0]] * warmups)
@@ -98,6 +105,7 @@ def vllm_bench_args(
     concurrency: int,
     warmups: int,
     extra_body: dict,
+    temperature: float,
     result_dir: Path,
     name: str,
 ) -> list[str]:
@@ -117,7 +125,7 @@ def vllm_bench_args(
         "--max-concurrency", str(concurrency),
         "--request-rate", "inf",
         "--ignore-eos",
-        "--temperature", "0",
+        "--temperature", str(temperature),
         "--num-warmups", str(warmups),
         "--extra-body", json.dumps(extra_body),
         "--percentile-metrics", "ttft,tpot,itl,e2el",
@@ -129,19 +137,17 @@ def vllm_bench_args(
     ]  # fmt: skip
 
 
-def vllm_run(python: str | None, args: list[str], result: Path, log: Path, timeout_s: float = 600) -> ClientRun:
-    cmd = vllm_bench_command(python)
-    if cmd is None:
-        raise RuntimeError("no vLLM environment for `vllm bench serve`")
+def vllm_run(args: list[str], result: Path) -> ClientRun:
+    """`vllm bench serve` in this process (its own parser and ``main``, as ``vllm_env.BENCH_SERVE`` runs them)."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
     t = time.perf_counter()
-    with log.open("ab") as f:
-        f.write(f"$ {' '.join(cmd[:2])} <bench serve> {' '.join(args)}\n".encode())
-        f.flush()
-        proc = subprocess.run([*cmd, *args], stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
+    bench_main(parser.parse_args(args))
     wall = time.perf_counter() - t
-    if proc.returncode != 0 or not result.is_file():
-        tail = log.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"vllm bench serve exited {proc.returncode}; log {log}:\n{tail}")
     r = json.loads(result.read_text())
     return ClientRun(
         client="vllm bench serve",
@@ -170,12 +176,15 @@ def crosscheck(
     concurrency: int,
     out_dir: Path,
     *,
-    python: str | None = None,
     warmups: int | None = None,
-    order: str = "pvvp",
+    order: str = "pvvpvppv",
     extra_body: dict | None = None,
+    temperature: float = 0.0,
 ) -> dict[str, Any]:
-    """Run both clients over ``requests`` in ``order`` (p = phase6, v = vLLM); per-client runs and the comparison."""
+    """Run both clients over ``requests`` in ``order`` (p = phase6, v = vLLM; pairs of one each); all runs and
+    the comparison (median over pairs of the phase6/vLLM output-throughput ratio)."""
+    if len(order) % 2 or any(sorted(order[i : i + 2]) != ["p", "v"] for i in range(0, len(order), 2)):
+        raise ValueError(f"order must be pairs of one 'p' and one 'v', got {order!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
     warm = concurrency if warmups is None else warmups
     extra = dict(extra_body or {})
@@ -183,26 +192,42 @@ def crosscheck(
     with dataset.open("w") as f:
         for r in requests:
             f.write(json.dumps({"prompt": r.prompt, "output_tokens": r.output_len}) + "\n")
-    runs: dict[str, list[ClientRun]] = {"phase6": [], "vllm bench serve": []}
+    runs: list[ClientRun] = []
     for i, who in enumerate(order):
         if who == "p":
-            run, _ = phase6_run(base_url, model_id, requests, concurrency, warm, extra)
+            runs.append(phase6_run(base_url, model_id, requests, concurrency, warm, extra, temperature)[0])
         else:
             name = f"vllm_bench_{i}.json"
             args = vllm_bench_args(
-                base_url, model_id, tokenizer, dataset, len(requests), concurrency, warm, extra, out_dir, name
+                base_url,
+                model_id,
+                tokenizer,
+                dataset,
+                len(requests),
+                concurrency,
+                warm,
+                extra,
+                temperature,
+                out_dir,
+                name,
             )
-            run = vllm_run(python, args, out_dir / name, out_dir / "vllm_bench.log")
-        runs[run.client].append(run)
-    mean_rate = {k: float(np.mean([r.output_tok_s for r in v])) for k, v in runs.items()}
-    p, v = mean_rate["phase6"], mean_rate["vllm bench serve"]
+            runs.append(vllm_run(args, out_dir / name))
+    ratios = []
+    for a, b in zip(runs[::2], runs[1::2], strict=True):
+        p, v = (a, b) if a.client == "phase6" else (b, a)
+        ratios.append(p.output_tok_s / v.output_tok_s)
+    by: dict[str, list[ClientRun]] = {"phase6": [], "vllm bench serve": []}
+    for r in runs:
+        by[r.client].append(r)
     result = {
         "requests": len(requests),
         "concurrency": concurrency,
         "order": order,
-        "runs": {k: [r.__dict__ for r in rs] for k, rs in runs.items()},
-        "mean_output_tok_s": mean_rate,
-        "throughput_ratio": p / v if v > 0 else math.nan,
+        "temperature": temperature,
+        "runs": {k: [r.__dict__ for r in rs] for k, rs in by.items()},
+        "median_output_tok_s": {k: float(np.median([r.output_tok_s for r in rs])) for k, rs in by.items()},
+        "pair_throughput_ratios": ratios,
+        "throughput_ratio": float(np.median(ratios)),
     }
     (out_dir / "crosscheck.json").write_text(json.dumps(result, indent=2))
     return result
@@ -231,3 +256,44 @@ def table(result: dict[str, Any]) -> str:
             cells = [f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for _, k in cols]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``<vllm python> -m phase6.serving.crosscheck --base-url URL --model-id ID --tokenizer DIR
+    --requests requests.jsonl (prompt, output_tokens per line) --concurrency 16 --out DIR``: crosscheck.json and
+    the side-by-side table on stdout."""
+    ap = argparse.ArgumentParser(prog="python -m phase6.serving.crosscheck")
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model-id", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--requests", required=True, type=Path)
+    ap.add_argument("--concurrency", required=True, type=int)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--order", default="pvvpvppv")
+    ap.add_argument("--warmups", type=int, default=None)
+    ap.add_argument("--extra-body", default="{}", help="JSON merged into every request body (both clients)")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    a = ap.parse_args(argv)
+    reqs = []
+    for i, line in enumerate(a.requests.read_text().splitlines()):
+        d = json.loads(line)
+        reqs.append(BenchRequest(index=i, prompt=d["prompt"], prompt_len=0, output_len=int(d["output_tokens"])))
+    res = crosscheck(
+        a.base_url,
+        a.model_id,
+        a.tokenizer,
+        reqs,
+        a.concurrency,
+        a.out,
+        warmups=a.warmups,
+        order=a.order,
+        extra_body=json.loads(a.extra_body),
+        temperature=a.temperature,
+    )
+    print("PHASE6_CROSSCHECK")
+    print(table(res))
+    print(f"output tok/s, median phase6/vLLM over pairs: {res['throughput_ratio']:.3f} {res['pair_throughput_ratios']}")
+
+
+if __name__ == "__main__":
+    main()
