@@ -56,6 +56,8 @@ class ClientRun:
     itl_p99_ms: float
     e2e_p50_ms: float
     wall_s: float
+    cpu_s: float = 0.0
+    """CPU seconds this process spent in the run (client overhead; on a 2-core box it competes with the server)."""
 
 
 def phase6_run(
@@ -69,9 +71,9 @@ def phase6_run(
 ) -> tuple[ClientRun, RunOutcome]:
     kw = dict(engine="vllm", api="completions", model=model_id, fix_output_len=True, temperature=temperature)
     bodies = [request_body(r, extra_body=extra_body, **kw) for r in requests]
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     out = run_benchmark(base_url, "completions", bodies, [0.0] * len(bodies), concurrency, warmup=[bodies[0]] * warmups)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
     ok = [r for r in out.results if r.ok]
     out_tok = sum(r.output_tokens for r in ok)
     return (
@@ -91,6 +93,7 @@ def phase6_run(
             itl_p99_ms=pct([g * 1e3 for r in ok for g in r.itl_samples_s()], 99),
             e2e_p50_ms=pct([r.e2e_s * 1e3 for r in ok], 50),
             wall_s=wall,
+            cpu_s=cpu,
         ),
         out,
     )
@@ -145,9 +148,9 @@ def vllm_run(args: list[str], result: Path) -> ClientRun:
 
     parser = FlexibleArgumentParser(prog="vllm bench serve")
     add_cli_args(parser)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     bench_main(parser.parse_args(args))
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
     r = json.loads(result.read_text())
     return ClientRun(
         client="vllm bench serve",
@@ -165,6 +168,7 @@ def vllm_run(args: list[str], result: Path) -> ClientRun:
         itl_p99_ms=float(r["p99_itl_ms"]),
         e2e_p50_ms=float(r["p50_e2el_ms"]),
         wall_s=wall,
+        cpu_s=cpu,
     )
 
 
@@ -249,6 +253,7 @@ def table(result: dict[str, Any]) -> str:
         ("TPOT p99 ms", "tpot_p99_ms"),
         ("ITL p50 ms", "itl_p50_ms"),
         ("ITL p99 ms", "itl_p99_ms"),
+        ("client CPU s", "cpu_s"),
     ]
     lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
     for rs in result["runs"].values():
