@@ -1,6 +1,6 @@
 """phase6's client against vLLM's own `vllm bench serve`: one request list, one running server, both clients.
 
-The request list (prompt text + requested output tokens, completions API, ``ignore_eos``, temperature 0) goes to
+The request list (prompt text + requested output tokens, completions API, ``ignore_eos``, one temperature) goes to
 ``vllm bench serve --dataset-name custom`` as JSONL, unshuffled and without a chat template, and to
 ``phase6.serving.client`` as the same bodies; both run closed loop at the same concurrency after the same number of
 warmup copies of the first request. Everything runs in ONE process of the vLLM environment
@@ -19,6 +19,9 @@ dispatch -> last request end). What may differ, and why:
   tokens into k gaps of g/k and stamps each socket read as it arrives (events of one read are one delivery).
   Chunks without visible text still carry a token: vLLM counts their gaps, phase6 folds them into the next.
 - TPOT: the same formula, (E2E - TTFT) / (output tokens - 1), so it moves with the TTFT/E2E stamps above.
+- completed: an answer whose tokens all decode to nothing (a random model repeating a byte fragment at
+  temperature 0) is completed for vLLM's client (it saw ``choices``) and failed for phase6 (no content).
+Measured on CPU: docs/benchmarks.md ("6B on a real vLLM (CPU)").
 """
 
 from __future__ import annotations
