@@ -113,7 +113,7 @@ def test_smoke_vllm_rows_metrics_and_version(sweep: Path) -> None:
 def test_same_requests_through_vllm_bench_serve_agree(sweep: Path, tmp_path: Path) -> None:
     """One request list (480 requests at C=16, completions API) through phase6's client and `vllm bench serve`,
     alternating in pairs in one process of the vLLM env, against the server the sweep left running: completed,
-    input and output tokens equal in every run; median phase6/vLLM output throughput over pairs within 10 %."""
+    input and output tokens equal in every run (throughput per pair printed, not asserted: see below)."""
     from transformers import AutoTokenizer
 
     from phase6.serving.workload import build_workload
@@ -152,15 +152,14 @@ def test_same_requests_through_vllm_bench_serve_agree(sweep: Path, tmp_path: Pat
     assert len(inputs) == 1, inputs  # both count the server's usage.prompt_tokens
     for runs in res["runs"].values():
         assert all(math.isfinite(r[k]) and r[k] > 0 for r in runs for k in ("ttft_p50_ms", "itl_p99_ms"))
-    print(f"other processes used {100 * others:.0f}% of the cores during the cross-check")
-    if others > 0.15:
-        # each run is seconds long: another job's burst on 2 cores moves one run's throughput by 2x (measured
-        # here: 590-2000 tok/s for the same client and list), which no 10 % bound survives
-        pytest.skip(
-            f"counts and tokens agree; throughput not compared: other processes used {100 * others:.0f}% of the "
-            f"cores (pair ratios {[round(x, 2) for x in res['pair_throughput_ratios']]})"
-        )
-    assert abs(res["throughput_ratio"] - 1) <= 0.10, res["pair_throughput_ratios"]
+    # Throughput is reported, not asserted: on a 2-core box each run is seconds long and the clients share the cores
+    # with the server (and CI with whatever else runs), so the same client and list measured 590-2000 tok/s here; a
+    # timing bound in a test must hold on a loaded machine (the brief). The throughput comparison lives in the
+    # cross-check's printed table and docs/benchmarks.md (on one H200: within 0.6 %, issue 19).
+    print(
+        f"other processes used {100 * others:.0f}% of the cores during the cross-check; phase6/vLLM output "
+        f"throughput per pair {[round(x, 2) for x in res['pair_throughput_ratios']]}"
+    )
 
 
 def test_tp2_row(sweep: Path, tmp_path: Path) -> None:
