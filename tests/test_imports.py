@@ -123,3 +123,10 @@ def test_config_is_a_leaf(module: str) -> None:
     """config/ may import config/ and nothing else of phase6 (third-party: omegaconf and the standard library)."""
     outside = sorted(t for t in import_graph()[module] if not t.startswith("phase6.config"))
     assert not outside, f"{module} imports {outside}: config/ must not import the rest of phase6"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in module_files() if m.startswith("phase6.serving")))
+def test_serving_never_imports_the_fleet(module: str) -> None:
+    """serving/ is the library under the fleet job: the trace parsers, SLO and percentile it shares live there."""
+    up = sorted(t for t in import_graph()[module] if t.startswith("phase6.fleet"))
+    assert not up, f"{module} imports {up}: serving/ must not import fleet/"

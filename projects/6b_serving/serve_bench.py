@@ -128,7 +128,7 @@ def sweep_plot(rec: RunRecord) -> Path | None:
 def preflight(cfg: ServeBenchRunConfig) -> None:
     """What the user gave that can be wrong, checked before a model is built or a server started: the trace file
     (every row parsed) and a dead ``serve.endpoint``."""
-    from phase6.fleet.workload import iter_azure, iter_mooncake
+    from phase6.serving.traces import iter_azure, iter_mooncake
     from phase6.serving.workload import HF_PREFIX, resolve_path
 
     load = cfg.load
