@@ -51,6 +51,7 @@ from phase6.fleet.sim import EngineLimits, SimResult, Topology
 from phase6.fleet.steps import new_shape_cost_ms, server_chain, shapes_before
 from phase6.fleet.steptime import StepTimeModel, build_step_model, kv_capacity_blocks, prefill_pairs
 from phase6.fleet.workload import Workload
+from phase6.serving.tp_server.args import ServerArgs  # torch-free: the server's defaults, no engine
 
 if TYPE_CHECKING:  # run.py imports this module inside main(); a runtime import here would be circular
     from phase6.fleet.setup import FleetSetup
@@ -247,10 +248,8 @@ def engine_limits(run: MeasuredRun, engine: EngineConfig) -> tuple[int, int, str
     seqs, budget = engine.max_num_seqs, engine.max_batched_tokens
     src = [f"engine.max_num_seqs={seqs}", f"engine.max_batched_tokens={budget}"]
     if name in ENGINE_LIMIT_ARGS:
-        defaults: dict[str, Any] = {}
+        defaults: dict[str, Any] = {}  # ServerArgs' defaults are what ran when no arg was given
         if name == "torch-tp" and any(k not in args for k in ENGINE_LIMIT_ARGS[name]):
-            from phase6.serving.tp_server import ServerArgs  # its defaults are what ran when no arg was given (torch)
-
             fields = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
             defaults = {"max-batch": fields["max_batch"], "max-prefill-tokens": fields["max_prefill_tokens"]}
         for i, key in enumerate(ENGINE_LIMIT_ARGS[name]):
@@ -280,8 +279,6 @@ def engine_profile(run: MeasuredRun, mode: str = "auto") -> tuple[dict[str, Any]
     name = str(serve.get("engine") or run.row.get("engine") or "")
     if mode == "vllm" or name != "torch-tp":
         return {"profile": "vllm"}, "vllm (chunked prefill, one forward per step)"
-    from phase6.serving.tp_server import ServerArgs  # its defaults are what ran when no flag was given (torch)
-
     defaults = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
     args = serve.get("engine_args") or {}
     ml = serve.get("max_model_len") or defaults["max_model_len"]  # serve-bench passes --max-model-len when set
