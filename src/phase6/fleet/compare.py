@@ -52,6 +52,7 @@ from phase6.fleet.steps import new_shape_cost_ms, server_chain, shapes_before
 from phase6.fleet.steptime import StepTimeModel, build_step_model, kv_capacity_blocks, prefill_pairs
 from phase6.fleet.workload import Workload
 from phase6.serving.tp_server.args import ServerArgs  # torch-free: the server's defaults, no engine
+from phase6.textio import iter_jsonl
 
 if TYPE_CHECKING:  # run.py imports this module inside main(); a runtime import here would be circular
     from phase6.fleet.setup import FleetSetup
@@ -113,30 +114,23 @@ def _read_requests(path: Path, completed: int) -> tuple[np.ndarray, np.ndarray, 
             "replays those requests)"
         )
     recs: list[tuple[int, int, int, bool, float]] = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(r, dict) or not isinstance(r.get("index"), int) or not isinstance(r.get("ok"), bool):
-                raise ValueError(f"{path}:{line_no}: expected a request record with integer 'index' and bool 'ok'")
-            if not r["ok"]:
-                continue  # failed requests have no complete output to replay; the row counts them as failed
-            usage = r.get("prompt_tokens")
-            inp = usage if isinstance(usage, int) else r.get("prompt_len")
-            out = r.get("output_tokens")
-            if not isinstance(inp, int) or inp < 1 or not isinstance(out, int) or out < 1:
-                raise ValueError(
-                    f"{path}:{line_no}: a completed request needs prompt_tokens (or prompt_len) >= 1 and "
-                    f"output_tokens >= 1, got {inp!r}, {out!r}"
-                )
-            ttft = r.get("ttft_s")
-            if not _number(ttft) or ttft < 0:
-                raise ValueError(f"{path}:{line_no}: a completed request needs a number ttft_s >= 0, got {ttft!r}")
-            recs.append((r["index"], inp, out, not isinstance(usage, int), 1e3 * float(ttft)))
+    for line_no, r in iter_jsonl(path):
+        if not isinstance(r, dict) or not isinstance(r.get("index"), int) or not isinstance(r.get("ok"), bool):
+            raise ValueError(f"{path}:{line_no}: expected a request record with integer 'index' and bool 'ok'")
+        if not r["ok"]:
+            continue  # failed requests have no complete output to replay; the row counts them as failed
+        usage = r.get("prompt_tokens")
+        inp = usage if isinstance(usage, int) else r.get("prompt_len")
+        out = r.get("output_tokens")
+        if not isinstance(inp, int) or inp < 1 or not isinstance(out, int) or out < 1:
+            raise ValueError(
+                f"{path}:{line_no}: a completed request needs prompt_tokens (or prompt_len) >= 1 and "
+                f"output_tokens >= 1, got {inp!r}, {out!r}"
+            )
+        ttft = r.get("ttft_s")
+        if not _number(ttft) or ttft < 0:
+            raise ValueError(f"{path}:{line_no}: a completed request needs a number ttft_s >= 0, got {ttft!r}")
+        recs.append((r["index"], inp, out, not isinstance(usage, int), 1e3 * float(ttft)))
     if len(recs) != completed:
         raise ValueError(f"{path}: {len(recs)} completed requests, but results.json says completed = {completed}")
     recs.sort()

@@ -12,14 +12,13 @@ including that block.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from phase6.textio import open_text
+from phase6.textio import iter_jsonl, open_text
 
 BLOCK_TOKENS = 512
 """Tokens per prefix block of a Mooncake trace (``len(hash_ids) == ceil(input_length / 512)``)."""
@@ -60,47 +59,40 @@ def iter_mooncake(path: str | Path) -> Iterator[TraceRow]:
     if not path.is_file():
         raise ValueError(f"{path}: Mooncake trace not found")
     prev = 0.0
-    with open_text(path) as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
-            for key in ("timestamp", "input_length", "output_length", "hash_ids"):
-                if key not in row:
-                    raise ValueError(f"{path}:{line_no}: missing field {key!r}")
-            t = row["timestamp"]
-            if not isinstance(t, (int, float)) or isinstance(t, bool):
-                raise ValueError(f"{path}:{line_no}: timestamp must be a number (ms), got {t!r}")
-            t_s = float(t) / 1000.0
-            if not math.isfinite(t_s) or t_s < 0:
-                raise ValueError(f"{path}:{line_no}: timestamp must be finite and >= 0 ms, got {t!r}")
-            if t_s < prev:
-                raise ValueError(
-                    f"{path}:{line_no}: timestamps not sorted ({t!r} ms after {prev * 1000:g} ms); "
-                    "sort the trace by arrival"
-                )
-            _check_lengths(path, line_no, row["input_length"], row["output_length"])
-            h = row["hash_ids"]
-            if not isinstance(h, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in h):
-                raise ValueError(f"{path}:{line_no}: hash_ids must be a list of integers")
-            if len(h) != math.ceil(row["input_length"] / BLOCK_TOKENS):
-                raise ValueError(
-                    f"{path}:{line_no}: hash_ids has {len(h)} blocks but input_length "
-                    f"{row['input_length']} needs ceil(/{BLOCK_TOKENS}) = "
-                    f"{math.ceil(row['input_length'] / BLOCK_TOKENS)}"
-                )
-            sid = row.get("session_id")
-            if sid is not None and (not isinstance(sid, (str, int)) or isinstance(sid, bool)):
-                raise ValueError(f"{path}:{line_no}: session_id must be a string or an integer, got {sid!r}")
-            prev = t_s
-            yield TraceRow(
-                line_no, t_s, row["input_length"], row["output_length"], tuple(h), None if sid is None else str(sid)
+    for line_no, row in iter_jsonl(path):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
+        for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+            if key not in row:
+                raise ValueError(f"{path}:{line_no}: missing field {key!r}")
+        t = row["timestamp"]
+        if not isinstance(t, (int, float)) or isinstance(t, bool):
+            raise ValueError(f"{path}:{line_no}: timestamp must be a number (ms), got {t!r}")
+        t_s = float(t) / 1000.0
+        if not math.isfinite(t_s) or t_s < 0:
+            raise ValueError(f"{path}:{line_no}: timestamp must be finite and >= 0 ms, got {t!r}")
+        if t_s < prev:
+            raise ValueError(
+                f"{path}:{line_no}: timestamps not sorted ({t!r} ms after {prev * 1000:g} ms); "
+                "sort the trace by arrival"
             )
+        _check_lengths(path, line_no, row["input_length"], row["output_length"])
+        h = row["hash_ids"]
+        if not isinstance(h, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in h):
+            raise ValueError(f"{path}:{line_no}: hash_ids must be a list of integers")
+        if len(h) != math.ceil(row["input_length"] / BLOCK_TOKENS):
+            raise ValueError(
+                f"{path}:{line_no}: hash_ids has {len(h)} blocks but input_length "
+                f"{row['input_length']} needs ceil(/{BLOCK_TOKENS}) = "
+                f"{math.ceil(row['input_length'] / BLOCK_TOKENS)}"
+            )
+        sid = row.get("session_id")
+        if sid is not None and (not isinstance(sid, (str, int)) or isinstance(sid, bool)):
+            raise ValueError(f"{path}:{line_no}: session_id must be a string or an integer, got {sid!r}")
+        prev = t_s
+        yield TraceRow(
+            line_no, t_s, row["input_length"], row["output_length"], tuple(h), None if sid is None else str(sid)
+        )
 
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
