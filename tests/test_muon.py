@@ -242,6 +242,43 @@ def test_planner_counts_newton_schulz_flops() -> None:
     assert muon.loss is not None and adamw.loss is not None and muon.loss.mid < adamw.loss.mid
 
 
+def test_phase6_plan_prices_muon_and_keeps_its_matrices_whole() -> None:
+    """`phase6 plan plan.optimizer=muon`: the same step as AdamW at ZeRO-0 plus Newton-Schulz on every rank (a Llama
+    -style model's q/k/v/o and gate/up/down counted separately), and only layouts with tp=1, zero=0."""
+    from phase6.launch import ConfigError, load_config
+    from phase6.plan.model import resolve_model
+    from phase6.plan.profile import build_profile
+    from phase6.plan.recommend import recommend_train
+    from phase6.plan.train import NS_EFFICIENCY
+
+    base = ["model=llama3.1-8b", "workload=train", "gpus=8", "plan.seq_len=8192", "plan.global_batch_tokens=1048576"]
+    adamw = load_config("plan", [*base, "plan.zero=0"])
+    muon = load_config("plan", [*base, "plan.optimizer=muon"])
+    spec, profile = resolve_model(muon.model, None), build_profile(muon.hardware)
+    rec_muon = recommend_train(spec, 8, muon.plan, profile)
+    assert rec_muon.candidates + rec_muon.rejected
+    assert all(c.layout.tp == 1 and c.layout.ep == 1 for c in rec_muon.candidates + rec_muon.rejected)
+    assert all(c.detail.setup.zero == 0 for c in rec_muon.candidates + rec_muon.rejected)
+    # one layout both can run: the step grows by exactly the Newton-Schulz time of the stage's matrices
+    h, q, k, f, L = 4096, 4096, 1024, 14336, 32
+    per_layer = 0
+    for rows, cols in [(q, h), (k, h), (k, h), (h, q), (f, h), (f, h), (h, f)]:
+        m_, n_ = min(rows, cols), max(rows, cols)
+        per_layer += 5 * (4 * m_ * m_ * n_ + 2 * m_**3)
+    ns_s = L * per_layer / (NS_EFFICIENCY * muon.hardware.peak_bf16_tflops * 1e12)
+    rec_adamw = recommend_train(spec, 8, adamw.plan, profile)
+    pick = {(c.layout.dp, c.layout.pp, c.layout.cp): c.detail for c in rec_adamw.candidates + rec_adamw.rejected}
+    both = [c for c in rec_muon.candidates + rec_muon.rejected if (c.layout.dp, c.layout.pp, c.layout.cp) in pick]
+    assert both
+    for c in both:
+        a = pick[(c.layout.dp, c.layout.pp, c.layout.cp)]
+        if c.detail.setup.ac_mode == a.setup.ac_mode and c.layout.pp == 1:
+            assert c.detail.optimizer_s == pytest.approx(a.optimizer_s + ns_s, rel=1e-9)
+    for bad, key in ((["plan.tp=2"], "plan.tp"), (["plan.zero=3"], "plan.zero"), (["plan.optimizer=lion"], "plan.opt")):
+        with pytest.raises(ConfigError, match=f"^{key}"):
+            load_config("plan", [*base, "plan.optimizer=muon", *bad] if "lion" not in bad[0] else [*base, *bad])
+
+
 def test_bench_muon_rows_on_cpu() -> None:
     """`phase6 bench pretrain --rows ...,muon`: Muon rows at the AdamW rows' shapes (the code path; CPU numbers)."""
     from phase6.bench.pretrain import main

@@ -46,6 +46,7 @@ SCRIPTS: list[dict[str, Any]] = [
     {"ttft_s": 0.05, "gaps_s": [0.05] * 200},  # 10 long
     {"ttft_s": 1.0, "gaps_s": []},  # 11 one token at 1 s
     {"ttft_s": 0.0, "gaps_s": [0.01], "fault": "stall", "fault_at": 0},  # 12 silent from the start
+    {"ttft_s": 0.02, "gaps_s": [0.003] * 40, "usage": "continuous"},  # 13 fast stream (one read, several events)
 ]
 
 
@@ -301,3 +302,42 @@ def test_timing_matches_the_script_at_256_concurrent_streams(tmp_path: Path) -> 
     # processes crowded (skipped above) is exempt.
     assert np.percentile(ttft_err, 99) <= 3.0 and np.percentile(itl_err, 99) <= 3.0, report
     assert not any(math.isnan(x) for x in ttft_err)
+
+
+def test_events_of_one_read_are_one_delivery_for_itl() -> None:
+    """Chunks stamped with the same read time are one multi-token delivery: no 0 ms ITL samples (issue 16)."""
+    r = RequestResult(0, 0.0, ok=True)
+    r.chunk_times_s = [0.10, 0.20, 0.20, 0.20, 0.30, 0.30]
+    r.chunk_tokens = [1, 1, 2, 1, 1, 1]
+    assert r.itl_samples_s() == pytest.approx([0.025] * 4 + [0.05] * 2)
+    assert r.chunk_gaps_s() == pytest.approx([0.1, 0.1])
+    assert r.deliveries() == [(0.10, 1), (0.20, 4), (0.30, 2)]
+    assert sum(r.itl_samples_s()) == pytest.approx(r.e2e_s - r.ttft_s)  # every gap counted once, none invented
+    first = RequestResult(1, 0.0, ok=True)  # tokens that came with the first token add no ITL sample
+    first.chunk_times_s, first.chunk_tokens = [0.1, 0.1, 0.4], [1, 1, 1]
+    assert first.itl_samples_s() == pytest.approx([0.3])
+
+
+def test_itl_has_no_zero_gaps_when_a_loaded_client_reads_several_events_at_once(
+    server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client busy 5 ms per read (a loaded 2-core host) against chunks 3 ms apart: reads hold several SSE events
+    each. Per-token ITL then has no 0 ms samples, and per stream its samples sum to E2E - TTFT."""
+    orig = ResponseHandler.data_received
+
+    def slow_read(self: ResponseHandler, data: bytes) -> None:
+        orig(self, data)
+        time.sleep(0.005)
+
+    monkeypatch.setattr(ResponseHandler, "data_received", slow_read)
+    out = run(server, [13] * 4, concurrency=2)
+    assert out.completed == 4
+    pooled: list[float] = []
+    for r in out.results:
+        assert len(set(r.chunk_times_s)) < len(r.chunk_times_s)  # several events did share a read
+        itl = r.itl_samples_s()
+        pooled += itl
+        assert sum(itl) == pytest.approx(r.e2e_s - r.ttft_s)
+    assert pooled and min(pooled) > 0.0, pooled
+    assert min(g for r in out.results for g in r.chunk_gaps_s()) > 0.0
+    assert all(r.output_tokens == 41 and sum(k for _, k in r.deliveries()) == 41 for r in out.results)

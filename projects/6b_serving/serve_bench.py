@@ -105,6 +105,28 @@ def predict(cfg: ServeBenchRunConfig, wl: Workload, details: dict[str, Any], mod
     }
 
 
+def server_counter_record(run_dir: Path, scrapes: dict[str, Any], outcome: Any) -> dict[str, Any]:
+    """/metrics before/after the measured run: parsed counters, their deltas, the raw expositions (files), and the
+    client's usage tokens of every sent request beside the server's generation-token delta (equal when every token
+    the server generated reached the client's usage count)."""
+    if scrapes.get("before") is None:
+        return {"status": scrapes.get("status", "unavailable: not scraped")}
+    before = telemetry.parse_prometheus(scrapes["before"])
+    after = telemetry.parse_prometheus(scrapes.get("after") or "")
+    (run_dir / "metrics_before.prom").write_text(scrapes["before"])
+    if scrapes.get("after"):
+        (run_dir / "metrics_after.prom").write_text(scrapes["after"])
+    sent = [r for r in outcome.results if r.sent]
+    return {
+        "status": "ok" if after else "unavailable: no scrape after the run (server gone?)",
+        "before": before,
+        "after": after,
+        "delta": telemetry.counter_deltas(before, after),
+        "client_usage_output_tokens_sent": sum(r.output_tokens for r in sent if r.tokens_source == "usage"),
+        "files": ["metrics_before.prom", "metrics_after.prom"] if scrapes.get("after") else ["metrics_before.prom"],
+    }
+
+
 def sweep_plot(rec: RunRecord) -> Path | None:
     """In a Hydra sweep: throughput/latency vs load over the members finished so far, in <sweep dir>/plots."""
     try:
@@ -178,6 +200,13 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
         cfg.telemetry.nvml_interval_s,
     )
     starts: list[float] = []
+    # exact counter deltas of the measured run: /metrics right after the warmup and once the run's counts settled
+    metrics_url = srv.base_url + "/metrics"
+    scrapes: dict[str, Any] = {}
+
+    def scrape_before() -> None:
+        scrapes["before"], scrapes["status"] = telemetry.scrape(metrics_url)
+
     try:
         sampler.start()
         outcome = run_benchmark(
@@ -193,9 +222,12 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
             abort_check=srv.exited,
             tokenizer=tok,
             requests=wl.requests,
+            before_start=scrape_before,
             on_start=starts.append,
             on_progress=lambda done, sent, n: rec.print(f"  {done}/{n} finished, {sent} sent"),
         )
+        if scrapes.get("before") is not None and srv.exited() is None:
+            scrapes["after"] = telemetry.counters_settled(metrics_url)
     finally:
         sampler.stop()
         servers.release(srv, cfg.serve)
@@ -216,6 +248,8 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
             "load": cfg.load.name,
         }
     )
+    server_counters = server_counter_record(rec.dir, scrapes, outcome)
+    details["server_generation_tokens_delta"] = server_counters.get("delta", {}).get("generation_tokens_total")
     t0 = starts[0] if starts else time.perf_counter()
     tele = telemetry.summarize(
         sampler.out, t0 + outcome.first_dispatch_s, t0 + outcome.first_dispatch_s + outcome.duration_s
@@ -299,6 +333,7 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
         extra={
             "details": details,
             "server": {**srv.info(), "reused": reused},
+            "server_metrics": server_counters,
             "workload": wl.info,
             "telemetry": tele,
             "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms, "e2e_ms": cfg.slo.e2e_ms},

@@ -115,6 +115,9 @@ class PlanConfig:
     """Norms, activations, RoPE fused (torch.compile / TE); false = eager PyTorch (more HBM traffic)."""
     tp_comm_overlap: bool = False
     """TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."""
+    optimizer: str = "adamw"
+    """adamw | muon (6A's optim=muon: torch.optim.Muon on the blocks' matrices, whole matrices on every rank, so only
+    layouts with tp=1 and zero=0 are legal; its Newton-Schulz time is part of the optimizer step)."""
     pp_schedule: str = "1f1b"
     """gpipe | 1f1b | interleaved | zero_bubble (ZB-H1)."""
     virtual_stages: int = 2
@@ -146,6 +149,19 @@ class PlanConfig:
             v = getattr(self, k)
             require(v is None or v >= 1, f"plan.{k}", f"must be >= 1 or null, got {v}")
         require(self.top_k >= 1, "plan.top_k", f"must be >= 1, got {self.top_k}")
+        require(self.optimizer in ("adamw", "muon"), "plan.optimizer", f"must be adamw or muon, got {self.optimizer!r}")
+        if self.optimizer == "muon":
+            # torch.optim.Muon orthogonalizes whole matrices on one device: no TP/EP shards, no sharded states
+            for k in ("tp", "ep"):
+                v = getattr(self, k)
+                require(
+                    v in (None, 1), f"plan.{k}", f"optimizer=muon needs whole matrices on each GPU ({k}=1), got {v}"
+                )
+            require(
+                self.zero in (None, 0),
+                "plan.zero",
+                f"optimizer=muon keeps Muon's state whole on each rank (zero=0, DDP), got {self.zero}",
+            )
         require(self.output in OUTPUTS, "plan.output", f"must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
         require(
             self.context_len is None or self.context_len >= 1,

@@ -75,6 +75,11 @@ class TrainSetup:
     tp_overlap_backward: bool = True
     """With ``tp_comm_overlap``: the backward's TP collectives are overlapped too (Transformer Engine userbuffers,
     Megatron); False = forward passes only (torch AsyncTP's inductor fusion, docs/cost_model.md §3)."""
+    optimizer: str = "adamw"
+    """adamw | muon (torch.optim.Muon on the blocks' 2-D weights, AdamW on the rest): Muon adds its Newton-Schulz
+    iterations to the optimizer step (plan/train.py ``muon_seconds``) and needs whole matrices (tp=1, zero=0)."""
+    ns_steps: int = 5
+    """Muon's Newton-Schulz iterations per step (torch.optim.Muon ns_steps)."""
     attention_kernel: str = "cudnn"
     """Flash-attention kernel: "cudnn" (Transformer Engine, llm.c, PyTorch SDPA's default on Hopper in recent torch)
     or "fa2" (FlashAttention-2, PyTorch SDPA's flash backend); its rate curve is in plan/profile.py."""

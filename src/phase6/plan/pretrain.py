@@ -19,7 +19,7 @@ Formulas (docs/cost_model.md):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from phase6 import metrics
@@ -28,13 +28,14 @@ from phase6.cost import gpu_hours, usd
 from phase6.plan.memory import GIB, ParallelLayout, TrainSetup
 from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile, build_profile
-from phase6.plan.train import StepPrediction, predict_train_step
+from phase6.plan.train import (
+    NS_EFFICIENCY,
+    StepPrediction,
+    muon_matrix_shapes,
+    newton_schulz_flops,
+    predict_train_step,
+)
 
-# Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at 124M) and come with ~10 elementwise kernels per matrix.
-# Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon vs
-# AdamW"): +9.2 ms (B=32) and +11.2 ms (B=64) per optimizer step for 1.52 TFLOP = ~150 TFLOP/s. The prior written
-# before that measurement was 0.25 (6.2 ms).
-NS_EFFICIENCY = 0.15
 # Tokens Muon needs for AdamW's loss on a GPT-2-like 124M model: modded-nanogpt record #3 (Muon, 6,200 steps x
 # 524,288 = 3.25B tokens) vs record #2 (tuned AdamW, 4.97B) to 3.28 FineWeb val, same architecture otherwise.
 MUON_TOKEN_RATIO = 3.25 / 4.97
@@ -42,19 +43,7 @@ MUON_TOKEN_RATIO = 3.25 / 4.97
 
 def gpt2_hidden_shapes(spec: ModelSpec) -> list[tuple[int, int]]:
     """(rows, cols) of Muon's matrices in a GPT-2 block stack: c_attn, attn c_proj, c_fc, mlp c_proj per layer."""
-    c, f = spec.hidden_size, spec.intermediate_size
-    qkv = spec.num_heads * spec.head_dim + 2 * spec.num_kv_heads * spec.head_dim
-    return [(qkv, c), (c, spec.num_heads * spec.head_dim), (f, c), (c, f)] * spec.num_layers
-
-
-def newton_schulz_flops(shapes: list[tuple[int, int]], ns_steps: int = 5) -> float:
-    """FLOPs of Muon's orthogonalization per optimizer step: each quintic iteration on X (m x n, m <= n) is
-    A = X X^T (2 m^2 n), B = b A + c A A (2 m^3), X = a X + B X (2 m^2 n)."""
-    total = 0.0
-    for rows, cols in shapes:
-        m, n = min(rows, cols), max(rows, cols)
-        total += ns_steps * (4 * m * m * n + 2 * m**3)
-    return total
+    return muon_matrix_shapes(spec)
 
 
 @dataclass(frozen=True)
@@ -300,14 +289,13 @@ def predict_pretrain(
             zero=zero,
             activation_checkpointing=activation_checkpointing,
             grad_reduce_bytes=grad_reduce_bytes,
+            optimizer=optimizer,
+            ns_steps=ns_steps,
         )
         for name, zero in (("ddp", 0), ("fsdp2", 3))
     }
     steps = {name: predict_train_step(spec, layout, s, profile, mfu) for name, s in setups.items()}
-    ns_flops = newton_schulz_flops(gpt2_hidden_shapes(spec), ns_steps) if optimizer == "muon" else 0.0
-    if ns_flops:
-        ns_s = ns_flops / (NS_EFFICIENCY * profile.hardware.peak_bf16_tflops * 1e12)
-        steps = {name: replace(s, compute_s=s.compute_s + ns_s) for name, s in steps.items()}
+    ns_flops = newton_schulz_flops(muon_matrix_shapes(spec), ns_steps) if optimizer == "muon" else 0.0
     step = steps[parallel]
     loss_tokens = train_tokens / MUON_TOKEN_RATIO if optimizer == "muon" else train_tokens
     pred = PretrainPrediction(

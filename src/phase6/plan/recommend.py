@@ -141,7 +141,7 @@ class Recommendation:
 def train_candidates(
     model: ModelSpec, lay: ParallelLayout, plan: PlanConfig, profile: HardwareProfile, mfu: float
 ) -> list[StepPrediction]:
-    zeros = [plan.zero] if plan.zero is not None else [0, 1, 2, 3]
+    zeros = [plan.zero] if plan.zero is not None else ([0] if plan.optimizer == "muon" else [0, 1, 2, 3])
     acs = {
         "none": ["none"],
         "selective": ["selective"],
@@ -163,6 +163,7 @@ def train_candidates(
             fp8=plan.fp8,
             fused_elementwise=plan.fused_elementwise,
             tp_comm_overlap=plan.tp_comm_overlap,
+            optimizer=plan.optimizer,
         )
         out.append(predict_train_step(model, lay, setup, profile, mfu, plan.efficiency.runtime_overhead_gib))
     return out
@@ -171,6 +172,8 @@ def train_candidates(
 def recommend_train(model: ModelSpec, gpus: int, plan: PlanConfig, profile: HardwareProfile) -> Recommendation:
     mfu = plan.efficiency.mfu  # None: kernel-level compute model (phase6.plan.train.compute_breakdown)
     fixed = {k: getattr(plan, k) for k in ("dp", "tp", "pp", "ep", "cp")}
+    if plan.optimizer == "muon":  # whole matrices on every GPU (config/plan.py refuses an explicit tp/ep > 1)
+        fixed = {**fixed, "tp": 1, "ep": 1}
     legal = layouts(model, gpus, "train", fixed, plan.seq_len, profile.gpus_per_node)
     fit: list[Candidate] = []
     nofit: list[Candidate] = []

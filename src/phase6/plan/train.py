@@ -39,6 +39,48 @@ GEMM_CALL_OVERHEAD_S = 6e-6
 OVERLAP_COMPUTE_SLOWDOWN = 0.189
 
 
+# Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at GPT-2 124M) and come with ~10 elementwise kernels per
+# matrix. Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon
+# vs AdamW"): +9.2 ms (B=32) and +11.2 ms (B=64) per optimizer step for 1.52 TFLOP = ~150 TFLOP/s. The prior written
+# before that measurement was 0.25 (6.2 ms). Larger models' matrices run closer to the GEMM rate: conservative there.
+NS_EFFICIENCY = 0.15
+
+
+def muon_matrix_shapes(model: ModelSpec, layers: int | None = None) -> list[tuple[int, int]]:
+    """(rows, cols) of the matrices Muon orthogonalizes in ``layers`` blocks (default: all): GPT-2 keeps Q, K, V in
+    one c_attn matrix and a plain MLP (c_attn, c_proj, c_fc, mlp c_proj); HF Llama/Qwen-style models have separate
+    q/k/v/o and gate/up/down projections. Embeddings, the LM head, norms and biases stay on AdamW."""
+    if model.is_moe:
+        raise ValueError(
+            f"optimizer=muon: {model.name} is a mixture of experts; the planner prices Muon for dense models"
+        )
+    h, q, k, f = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size
+    if model.gated_mlp:
+        per_layer = [(q, h), (k, h), (k, h), (h, q), (f, h), (f, h), (h, f)]
+    else:
+        per_layer = [(q + 2 * k, h), (h, q), (f, h), (h, f)]
+    return per_layer * (model.num_layers if layers is None else layers)
+
+
+def newton_schulz_flops(shapes: list[tuple[int, int]], ns_steps: int = 5) -> float:
+    """FLOPs of Muon's orthogonalization per optimizer step: each quintic iteration on X (m x n, m <= n) is
+    A = X X^T (2 m^2 n), B = b A + c A A (2 m^3), X = a X + B X (2 m^2 n)."""
+    total = 0.0
+    for rows, cols in shapes:
+        m, n = min(rows, cols), max(rows, cols)
+        total += ns_steps * (4 * m * m * n + 2 * m**3)
+    return total
+
+
+def muon_seconds(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, profile: HardwareProfile) -> float:
+    """Newton-Schulz time per step on one GPU: torch.optim.Muon orthogonalizes every matrix of the GPU's pipeline
+    stage on every data-parallel rank (no split of the work across ranks), at NS_EFFICIENCY of the bf16 peak."""
+    if setup.optimizer != "muon":
+        return 0.0
+    layers = math.ceil(model.num_layers / layout.pp)
+    return newton_schulz_flops(muon_matrix_shapes(model, layers), setup.ns_steps) / (NS_EFFICIENCY * profile.peak_flops)
+
+
 def overlap_penalty(hidden_s: float, contention: float = 1.0) -> float:
     """Extra compute time caused by ``hidden_s`` seconds of communication running beside it."""
     k = OVERLAP_COMPUTE_SLOWDOWN * contention
@@ -302,7 +344,9 @@ def compute_breakdown(
         local = model.num_params() / tp
     if setup.zero >= 1:
         local /= layout.dp * layout.cp
-    optimizer = 30.0 * local / bw
+    # (With optimizer=muon the blocks' matrices keep one momentum buffer instead of two moments: the AdamW traffic
+    # above still counts every parameter, a slight over-estimate; Newton-Schulz is added on top.)
+    optimizer = 30.0 * local / bw + muon_seconds(model, layout, setup, profile)
     return ComputeBreakdown(last_gemm, attention, elem, loss, optimizer, note)
 
 
@@ -329,7 +373,7 @@ def predict_train_step(
         hw_flops = model_flops * (4 / 3 if setup.activation_checkpointing else 1.0)  # full AC reruns the forward
         compute = hw_flops / (layout.gpus * mfu * profile.peak_flops)
         breakdown = None
-        optimizer = 0.0
+        optimizer = muon_seconds(model, layout, setup, profile)  # an end-to-end mfu covers AdamW, not Newton-Schulz
     else:
         breakdown = compute_breakdown(model, layout, setup, profile, tokens_step)
         compute = breakdown.fwd_bwd_s

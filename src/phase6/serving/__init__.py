@@ -10,5 +10,8 @@ telemetry and plots. The `phase6 serve-bench` entry is projects/6b_serving/serve
 - ``telemetry``: NVML + Prometheus sampler process
 - ``plots``: latency CDFs, time series, metrics vs load
 - ``scripted_server``: a timing-controlled fake server for testing and benchmarking the client
-- ``tiny``: a tiny random chat model + tokenizer for CPU smoke runs of `transformers serve`
+- ``tiny``: tiny random chat models + tokenizer for CPU smoke runs (`transformers serve`, vLLM: ``tiny-vllm``)
+- ``vllm_env``: where vLLM lives (``.venv-vllm`` from `make setup-vllm`, or ``$PHASE6_VLLM_PYTHON``)
+- ``engine_args``: server command lines checked by vLLM's and SGLang's own argument parsers
+- ``crosscheck``: the same request list through phase6's client and `vllm bench serve` on one server
 """

@@ -17,7 +17,9 @@ Per request (all times from ``time.perf_counter``, relative to the run start ``t
 - Tokens per chunk: difference of cumulative ``usage.completion_tokens`` when the server streams usage per chunk
   (vLLM/SGLang ``stream_options.continuous_usage_stats``); else the client tokenizer's count of the chunk text;
   else 1. ITL samples: a chunk carrying k tokens after a gap g contributes k samples of g/k (SGLang-native
-  split), so ITL stays per token when a server bundles tokens (transformers: 64 tokens in 53 chunks).
+  split), so ITL stays per token when a server bundles tokens (transformers: 64 tokens in 53 chunks). Chunks
+  completed by the same socket read (same timestamp) are one delivery of their summed tokens: on a loaded host
+  several SSE events arrive in one read, and their 0 s spacing is an artefact of the read, not an inter-token gap.
 - Output tokens: the server's final ``usage.completion_tokens``; fallback the tokenizer count of the text, then
   the number of content chunks, flagged in ``tokens_source``.
 - E2E: send -> last content chunk. TPOT = (E2E - TTFT) / (output tokens - 1).
@@ -216,13 +218,27 @@ class RequestResult:
             return math.nan
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
-    def itl_samples_s(self) -> list[float]:
-        """Per-token gaps: chunk i (i >= 1) with k_i tokens after gap g_i gives k_i samples of g_i / k_i."""
-        out: list[float] = []
-        carry = 0.0  # a chunk that carried no new token passes its gap to the next token-bearing chunk
-        for i in range(1, len(self.chunk_times_s)):
-            gap = self.chunk_times_s[i] - self.chunk_times_s[i - 1] + carry
+    def deliveries(self) -> list[tuple[float, int]]:
+        """(arrival time, tokens) per delivery: content chunks stamped with the same time (SSE events completed by
+        one socket read) are one multi-token chunk. The client cannot tell apart tokens that reached it together,
+        so their spacing is unknown, not 0 ms (a loaded host batches events into one read)."""
+        out: list[tuple[float, int]] = []
+        for i, t in enumerate(self.chunk_times_s):
             k = self.chunk_tokens[i] if i < len(self.chunk_tokens) else 1
+            if out and t == out[-1][0]:
+                out[-1] = (t, out[-1][1] + k)
+            else:
+                out.append((t, k))
+        return out
+
+    def itl_samples_s(self) -> list[float]:
+        """Per-token gaps: delivery i (i >= 1) with k_i tokens after gap g_i gives k_i samples of g_i / k_i."""
+        out: list[float] = []
+        carry = 0.0  # a delivery that carried no new token passes its gap to the next token-bearing one
+        d = self.deliveries()
+        for i in range(1, len(d)):
+            gap = d[i][0] - d[i - 1][0] + carry
+            k = d[i][1]
             if k <= 0:
                 carry = gap
                 continue
@@ -231,8 +247,8 @@ class RequestResult:
         return out
 
     def chunk_gaps_s(self) -> list[float]:
-        """Raw gaps between content chunks (what vLLM/SGLang bench call ITL)."""
-        t = self.chunk_times_s
+        """Gaps between deliveries of content (what vLLM/SGLang bench call ITL; events of one read are one)."""
+        t = [t for t, _ in self.deliveries()]
         return [t[i] - t[i - 1] for i in range(1, len(t))]
 
     def to_json(self) -> dict[str, Any]:
@@ -422,6 +438,7 @@ async def run_requests(
     warmup_bodies: list[bytes] | None = None,
     send_time_header: bool = False,
     stall_after: int | None = None,
+    before_start: Callable[[], None] | None = None,
     on_start: Callable[[float], None] | None = None,
     on_progress: Callable[[int, int, int], None] | None = None,
     progress_every_s: float = 10.0,
@@ -434,7 +451,9 @@ async def run_requests(
     requests failing on a timeout (default max(8, concurrency): a stalled server would otherwise cost N/C waves of
     read timeouts), and ``deadline_s`` after the start (None = none); in-flight requests then fail with the
     reason and unsent ones stay unsent.
-    ``on_progress(finished, sent, planned)`` is called every ``progress_every_s`` seconds.
+    ``before_start()`` runs after the warmup and before the clock starts (nothing in flight: e.g. a /metrics
+    scrape whose counters then exclude the warmup); ``on_progress(finished, sent, planned)`` is called every
+    ``progress_every_s`` seconds.
     ``send_time_header`` adds ``x-send-time`` (this host's CLOCK_MONOTONIC at send) for the scripted test
     server, which then times its script from the client's send instead of its own receive.
     """
@@ -596,6 +615,8 @@ async def run_requests(
 
                 await asyncio.gather(*(warm(i, b) for i, b in enumerate(warmup_bodies)))
             timeouts[0] = 0
+            if before_start is not None:
+                before_start()
             t0 = perf()
             if on_start is not None:
                 on_start(t0)

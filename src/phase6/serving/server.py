@@ -35,10 +35,13 @@ import httpx
 from phase6.config.serve import ServeConfig
 from phase6.errors import UserError
 from phase6.redact import redact_argv, redact_text
+from phase6.serving import vllm_env
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per readiness poll otherwise
 
-# Default command prefix per engine (console scripts are looked up next to this interpreter first).
+# Default command prefix per engine (console scripts are looked up next to this interpreter first). vLLM: the
+# interpreter of its own environment (phase6.serving.vllm_env: $PHASE6_VLLM_PYTHON or <repo>/.venv-vllm) when there
+# is one, running the server module; else a `vllm` console script here or on PATH.
 LAUNCHERS: dict[str, list[str]] = {
     "vllm": ["vllm", "serve"],
     "sglang": [sys.executable, "-m", "sglang.launch_server"],
@@ -90,20 +93,34 @@ def engine_flags(args: dict[str, Any]) -> list[str]:
     return out
 
 
+def default_launcher(engine: str) -> list[str]:
+    """The engine's command prefix when ``serve.launcher`` is unset (vLLM: its own venv first)."""
+    if engine == "vllm":
+        own = vllm_env.vllm_launcher()
+        if own is not None:
+            return own
+    return list(LAUNCHERS[engine])
+
+
 def build_command(cfg: ServeConfig, model: str, port: int) -> list[str]:
     """The server command line for ``cfg`` (model path resolved by the caller, port chosen)."""
     if cfg.engine not in LAUNCHERS:
         raise ValueError(f"serve.engine: {cfg.engine!r} cannot be launched; set serve.endpoint")
-    launcher = list(cfg.launcher) if cfg.launcher else list(LAUNCHERS[cfg.engine])
+    launcher = list(cfg.launcher) if cfg.launcher else default_launcher(cfg.engine)
     launcher[0] = _resolve(launcher[0])
     if os.sep not in launcher[0]:
         raise ValueError(
             f"serve.launcher: {launcher[0]!r} is not installed here (not next to {sys.executable} "
-            f"nor on PATH); install {cfg.engine} or set serve.launcher=[/path/to/{launcher[0]}, ...]"
+            f"nor on PATH); install {cfg.engine}"
+            + (" (`make setup-vllm`)" if cfg.engine == "vllm" else "")
+            + f" or set serve.launcher=[/path/to/{launcher[0]}, ...]"
         )
     common = ["--host", cfg.host, "--port", str(port)]
     if cfg.engine == "vllm":
-        cmd = [*launcher, model, *common, "--tensor-parallel-size", str(cfg.tp), "--dtype", cfg.dtype]
+        # the server module (python -m vllm.entrypoints.openai.api_server) ignores the positional model of `vllm serve`
+        by_module = vllm_env.SERVER_MODULE in launcher
+        cmd = [*launcher, *(["--model", model] if by_module else [model]), *common]
+        cmd += ["--tensor-parallel-size", str(cfg.tp), "--dtype", cfg.dtype]
         if cfg.max_model_len:
             cmd += ["--max-model-len", str(cfg.max_model_len)]
         if cfg.served_model_name:

@@ -70,6 +70,44 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+def scrape(metrics_url: str, timeout_s: float = 5.0) -> tuple[str | None, str]:
+    """(exposition text or None, status) of one GET of a Prometheus endpoint."""
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+            r = c.get(metrics_url)
+    except httpx.HTTPError as e:
+        return None, f"unavailable: {type(e).__name__}"
+    if r.status_code != 200:
+        return None, f"unavailable: HTTP {r.status_code}"
+    return r.text, "ok"
+
+
+def counters_settled(metrics_url: str, settle_s: float = 0.3, max_s: float = 10.0) -> str:
+    """The exposition once the token counters stopped moving (the engine records a request's stats as it emits its
+    last output, so a scrape right after the client saw the last chunk can be a step behind); max ``max_s``."""
+    t_end = time.monotonic() + max_s
+    text, _ = scrape(metrics_url)
+    prev = parse_prometheus(text or "")
+    while time.monotonic() < t_end:
+        time.sleep(settle_s)
+        nxt, _ = scrape(metrics_url)
+        cur = parse_prometheus(nxt or "")
+        keys = ("generation_tokens_total", "prompt_tokens_total")
+        if nxt is not None and all(cur.get(k) == prev.get(k) for k in keys):
+            return nxt
+        text, prev = nxt, cur
+    return text or ""
+
+
+def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """after - before of every counter (``*_total``, ``*_sum``, ``*_count``) present in both."""
+    return {
+        k: after[k] - before[k]
+        for k in after
+        if k in before and k not in GAUGES and k.endswith(("_total", "_sum", "_count"))
+    }
+
+
 def _nvml_open() -> tuple[Any, list[Any], str]:
     try:
         import pynvml

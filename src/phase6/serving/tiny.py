@@ -2,6 +2,8 @@
 
 - ``tiny``: a 2-layer, 64-wide Qwen2 (~0.1M parameters) with the 6C/6D ChatML tokenizer
   (``phase6.posttrain.tiny``): the CPU smoke run and the end-to-end test (~1 s to build).
+- ``tiny-vllm``: the same at width 128 (4 heads of 32, 2 KV heads; ~0.3M parameters): vLLM's CPU attention
+  supports head sizes 32, 64, 80 and up, not tiny's 16 (``experiment=smoke_vllm``).
 - a planner preset (``configs/plan/model/<name>.yaml``, the model's real config.json fields), e.g. ``llama3.1-8b``:
   the real architecture with random bf16 weights and the vocabulary cut to the local tokenizer, the GPU-table
   stand-in when no weights can be downloaded ("dummy weights", like vLLM's ``--load-format dummy``). Per-token
@@ -45,6 +47,10 @@ STDLIB_MODULES = (
 )
 
 
+TINY_WIDTH = {"tiny": 64, "tiny-vllm": 128}
+"""Hidden size of the built-in tiny kinds (2 layers, 4 query / 2 KV heads)."""
+
+
 def stdlib_corpus() -> list[str]:
     """Docstrings of standard-library modules and their members: a few hundred KB of English and code."""
     texts: list[str] = []
@@ -70,12 +76,13 @@ def build_random_chat_model(out_dir: str | Path, kind: str = "tiny", seed: int =
     if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tiny_tokenizer(stdlib_corpus(), vocab_size=512 if kind == "tiny" else 4096)
-    if kind == "tiny":
+    small = kind in TINY_WIDTH
+    tok = build_tiny_tokenizer(stdlib_corpus(), vocab_size=512 if small else 4096)
+    if small:
         fields = {
             "model_type": "qwen2",
-            "hidden_size": 64,
-            "intermediate_size": 128,
+            "hidden_size": TINY_WIDTH[kind],
+            "intermediate_size": 2 * TINY_WIDTH[kind],
             "num_hidden_layers": 2,
             "num_attention_heads": 4,
             "num_key_value_heads": 2,
@@ -94,7 +101,7 @@ def build_random_chat_model(out_dir: str | Path, kind: str = "tiny", seed: int =
     )
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(seed)
-    big = kind != "tiny"
+    big = not small
     device = "cuda" if big and torch.cuda.is_available() else "cpu"  # 8B random init on CPU takes minutes
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if big else torch.float32)
