@@ -307,8 +307,9 @@ class FleetConfig:
 
 
 @dataclass
-class LoadConfig:
-    """The load sweep: absolute request rates (open loop) or concurrencies (closed loop)."""
+class LoadSweepConfig:
+    """The load sweep (``load:``): absolute request rates (open loop) or concurrencies (closed loop); what one
+    serve-bench run sends is ``phase6.config.serve.LoadConfig``."""
 
     rates: list[float] = field(default_factory=lambda: [2.0, 4.0, 8.0, 16.0])
     """Mean arrival rates, req/s: the workload's timestamps are rescaled to each (trace shape kept); [] = no sweep."""
@@ -425,7 +426,7 @@ class FleetRunConfig:
     workload: FleetWorkloadConfig = field(default_factory=FleetWorkloadConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
-    load: LoadConfig = field(default_factory=LoadConfig)
+    load: LoadSweepConfig = field(default_factory=LoadSweepConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     plots: bool = True

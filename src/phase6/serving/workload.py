@@ -457,8 +457,9 @@ def resolve_path(path: str) -> Path:
 
 
 @dataclass
-class Workload:
-    """What one run sends: measured requests, warmup requests and the send schedule (seconds after start)."""
+class BenchWorkload:
+    """What one run sends: measured requests, warmup requests and the send schedule (seconds after start); the
+    fleet's columnar request stream is the other shape of the same trace rows (``phase6.fleet.workload.Workload``)."""
 
     requests: list[BenchRequest]
     warmup: list[BenchRequest]
@@ -466,7 +467,7 @@ class Workload:
     info: dict[str, Any]
 
 
-def build_workload(load: Any, tok: TokenizerLike, seed: int, max_model_len: int | None = None) -> Workload:
+def build_workload(load: Any, tok: TokenizerLike, seed: int, max_model_len: int | None = None) -> BenchWorkload:
     """Requests + warmup + schedule for a ``LoadConfig``; every choice recorded in ``info``."""
     info: dict[str, Any] = {"dataset": load.dataset, "arrival": load.arrival, "seed": seed}
     warm_n = load.warmup()
@@ -540,4 +541,4 @@ def build_workload(load: Any, tok: TokenizerLike, seed: int, max_model_len: int 
             ).hexdigest(),
         }
     )
-    return Workload(requests, warmup, schedule, info)
+    return BenchWorkload(requests, warmup, schedule, info)
