@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from phase6.fleet.workload import iter_mooncake
 from phase6.serving import workload
+from phase6.serving.traces import iter_mooncake
 
 SHARED = Path(os.environ.get("PHASE6_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from phase6.config import HardwareConfig
-from phase6.config.fleet import SloConfig
+from phase6.config.slo import SLOConfig
 from phase6.cost import usd_per_1m_tokens
 from phase6.fleet.analysis import RateSearch, binding_slo, max_rate_within_slo, min_replicas, pd_reason, summarize
 from phase6.fleet.sim import SimResult
 
 HW = HardwareConfig(name="h", usd_per_gpu_hour=2.0)
-SLO = SloConfig(ttft_ms=100.0, tpot_ms=10.0, attainment=0.9)
+SLO = SLOConfig(ttft_ms=100.0, tpot_ms=10.0, attainment=0.9)
 
 
 def result(ttft: list[float], tpot: list[float], out: list[int]) -> SimResult:

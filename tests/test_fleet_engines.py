@@ -60,7 +60,8 @@ def test_buckets_are_the_servers(tmp_path: Path, mb: int, ml: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from phase6.serving.tp_server import Engine, ServerArgs
+    from phase6.serving.tp_server import ServerArgs
+    from phase6.serving.tp_server.engine import Engine
 
     cfg = LlamaConfig(
         vocab_size=64,
@@ -87,7 +88,8 @@ def test_buckets_are_the_servers(tmp_path: Path, mb: int, ml: int) -> None:
 def test_admission_is_the_schedulers(running: int, prompts: list[int]) -> None:
     """TorchTPEngine.admitted_width == tp_server.Scheduler._admit (8 rows, 2000 padded tokens): FCFS whole prompts
     while rows are free and (prompts) x (longest) <= the budget; the first always goes."""
-    from phase6.serving.tp_server import GenParams, Request, Scheduler, ServerArgs
+    from phase6.serving.tp_server import ServerArgs
+    from phase6.serving.tp_server.scheduler import GenParams, Request, Scheduler
 
     args = ServerArgs(model=str(QWEN14), dummy_weights=True, max_batch=8, max_prefill_tokens=2000)
     sched = Scheduler(None, args, set(), 100)  # type: ignore[arg-type]  # _admit touches no engine

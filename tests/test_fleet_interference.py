@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from phase6.config import CONFIG_DIR, HardwareConfig
-from phase6.config.fleet import EngineConfig, SloConfig
+from phase6.config.fleet import EngineConfig
+from phase6.config.slo import SLOConfig
 from phase6.fleet.analysis import summarize
 from phase6.fleet.interference import SerialKernelStepTime
 from phase6.fleet.papers import setup_for
@@ -122,8 +123,8 @@ def test_token_gaps_count_every_token_and_show_the_stall(chunked: bool) -> None:
 def test_tbt_slo_makes_stalled_requests_bad() -> None:
     _, _, (r, _) = _one_long_prefill_among_decodes(False)
     hw = HW
-    loose = summarize(r, SloConfig(ttft_ms=60_000, tpot_ms=1000), hw)
-    tight = summarize(r, SloConfig(ttft_ms=60_000, tpot_ms=1000, tbt_ms=20.0), hw)
+    loose = summarize(r, SLOConfig(ttft_ms=60_000, tpot_ms=1000), hw)
+    tight = summarize(r, SLOConfig(ttft_ms=60_000, tpot_ms=1000, tbt_ms=20.0), hw)
     assert loose["slo_attainment"] == 1.0
     assert tight["slo_attainment"] == pytest.approx(1 / 9)  # only the long request itself (5 tokens, after it)
     assert tight["tbt_tail_p50_ms"] > 20.0
@@ -169,7 +170,7 @@ def test_pd_pools_with_their_own_tp() -> None:
     st = setup_for(SPEC, HW, eng)
     r = st.run(w, Topology(prefill=2, decode=3), "least_loaded")
     assert r.num_gpus == 2 * 2 + 3 * 1
-    assert np.all(np.isfinite(r.finish_s)) and math.isfinite(summarize(r, SloConfig(), HW)["tbt_tail_p50_ms"])
+    assert np.all(np.isfinite(r.finish_s)) and math.isfinite(summarize(r, SLOConfig(), HW)["tbt_tail_p50_ms"])
 
 
 def _fleet(args: list[str], tmp_path: Path, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -30,6 +30,8 @@ HW = HardwareConfig(**yaml.safe_load((CONFIG_DIR / "hardware" / "h200.yaml").rea
         ("engine.max_batched_tokens=16", "engine.max_batched_tokens"),
         ("workload.kind=parquet", "workload.kind"),
         ("slo.attainment=1.5", "slo.attainment"),
+        ("slo.ttft_ms=null", "slo.ttft_ms"),
+        ("slo.tbt_ms=0", "slo.tbt_ms"),
         ("load.rates=[0]", "load.rates"),
         ("engine.step_time=table", "engine.table_path"),
     ],
@@ -90,7 +92,7 @@ def test_pd_grid_max_rate_respects_decode_roofline() -> None:
     (A short fixed probe at a high rate arrives within one request lifetime, is absorbed whole by the batch slots
     and overstates the rate.)
     """
-    from phase6.config.fleet import SloConfig
+    from phase6.config.slo import SLOConfig
     from phase6.fleet.run import search_rate, unloaded_latency
 
     # 2 x 256 batch slots > 300 requests: a fixed short probe is absorbed whole (the old method reported 3.2x the bound)
@@ -99,7 +101,7 @@ def test_pd_grid_max_rate_respects_decode_roofline() -> None:
     inp, out, n = 16, 64, 2
     ttft0, tpot0 = unloaded_latency(setup, inp, out)
     e2e0 = ttft0 + (out - 1) * tpot0
-    slo = SloConfig(ttft_ms=4 * ttft0 * 1e3, tpot_ms=4 * tpot0 * 1e3)
+    slo = SLOConfig(ttft_ms=4 * ttft0 * 1e3, tpot_ms=4 * tpot0 * 1e3)
     s = search_rate(setup, inp, out, e2e0, Topology(colocated=n), slo, n / e2e0, 5, 300, 0)
     best_tok_s = n * 256 / setup.model.decode_step_s(256, inp + out // 2)  # full batches at the mean context
     assert 0.5 * best_tok_s < s.rate * out <= 1.02 * best_tok_s

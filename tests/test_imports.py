@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,7 +106,7 @@ def test_the_graph_sees_known_imports() -> None:
     """The walker itself: absolute, from-package and lazy (in-function) imports are all edges."""
     graph = import_graph()
     assert "phase6.config.pretrain" in graph["phase6.parallel"]  # module level
-    assert "phase6.serving.tp_server" in graph["phase6.fleet.compare"]  # inside a function
+    assert "phase6.fleet.papers" in graph["phase6.fleet.run"]  # inside a function
     assert "phase6.serving.tp_server.args" in graph["phase6.serving.tp_server"]  # a package's __init__
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -123,3 +125,17 @@ def test_config_is_a_leaf(module: str) -> None:
     """config/ may import config/ and nothing else of phase6 (third-party: omegaconf and the standard library)."""
     outside = sorted(t for t in import_graph()[module] if not t.startswith("phase6.config"))
     assert not outside, f"{module} imports {outside}: config/ must not import the rest of phase6"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in module_files() if m.startswith("phase6.serving")))
+def test_serving_never_imports_the_fleet(module: str) -> None:
+    """serving/ is the library under the fleet job: the trace parsers, SLO and percentile it shares live there."""
+    up = sorted(t for t in import_graph()[module] if t.startswith("phase6.fleet"))
+    assert not up, f"{module} imports {up}: serving/ must not import fleet/"
+
+
+def test_the_fleet_loads_without_torch() -> None:
+    """fleet/compare.py reads the torch-tp server's defaults from its torch-free args module, not the engine."""
+    code = "import sys, phase6.fleet.compare, phase6.fleet.run; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -265,8 +265,8 @@ def test_dpo_reports_an_unavailable_judge_and_battery_instead_of_crashing(
 
 
 def test_gzip_inputs_read_like_plain_ones(tmp_path: Path) -> None:
-    from phase6.fleet.workload import iter_mooncake
     from phase6.posttrain.dpo_data import read_rows
+    from phase6.serving.traces import iter_mooncake
 
     rows = [{"prompt": f"q{i}", "chosen": "a", "rejected": "b"} for i in range(3)]
     plain = tmp_path / "pairs.jsonl"

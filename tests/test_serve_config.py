@@ -24,6 +24,7 @@ from phase6.launch import ConfigError, load_config
         (["load.dataset=csv"], "load.dataset"),
         (["load=synthetic", "load.prompt_dist.kind=zipf"], "load.prompt_dist.kind"),
         (["slo.ttft_ms=null", "slo.tpot_ms=null"], "slo"),
+        (["slo.tbt_ms=50"], "slo.tbt_ms"),
         (["serve.max_model_len=1024"], "serve.max_model_len"),
     ],
 )

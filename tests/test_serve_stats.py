@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from phase6.config.serve import SLOConfig
+from phase6.config.slo import SLOConfig
 from phase6.serving.client import RequestResult, RunOutcome
 from phase6.serving.stats import EXTRA_ROW_KEYS, ROW_KEYS, summarize
 

@@ -32,8 +32,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from phase6.models.packed_gqa import apply_packed_gqa, packed_gqa_attention
 from phase6.parallel import apply_tp
-from phase6.serving import tp_server
-from phase6.serving.tp_server import Engine, GenParams, Request, Scheduler, ServerArgs, StepPlan
+from phase6.serving.tp_server import ServerArgs, parse_args
+from phase6.serving.tp_server.engine import CMD_NOOP, HEADER_LEN, Engine, StepPlan
+from phase6.serving.tp_server.model import build_model, load_config
+from phase6.serving.tp_server.scheduler import GenParams, Request, Scheduler
+from phase6.serving.tp_server.server import main
 
 VOCAB = 300
 MAX_LEN = 256
@@ -335,10 +338,10 @@ def test_tp_split_refuses_indivisible_heads() -> None:
 def test_step_plan_roundtrip() -> None:
     plan = StepPlan([(4, 1, 17), (3, 0, 9)], [11, 12, 13], [20, 5, 7], [[1, 2, 3], [9], [5, 6]])
     header, payload = plan.encode()
-    assert header.shape == (tp_server.HEADER_LEN,) and StepPlan.payload_len(header) == payload.numel()
+    assert header.shape == (HEADER_LEN,) and StepPlan.payload_len(header) == payload.numel()
     assert StepPlan.decode(header, payload) == plan
-    h, p = StepPlan().encode(tp_server.CMD_NOOP)
-    assert int(h[0]) == tp_server.CMD_NOOP and p.numel() == 0
+    h, p = StepPlan().encode(CMD_NOOP)
+    assert int(h[0]) == CMD_NOOP and p.numel() == 0
 
 
 def test_server_args_name_the_bad_flag(tmp_path: Path) -> None:
@@ -357,9 +360,9 @@ def test_server_args_name_the_bad_flag(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"hidden_size": 64}))
     with pytest.raises(ValueError, match="bad.json: key 'model_type' missing"):
-        tp_server.load_config(str(bad))
-    assert tp_server.main(["--model", cfg, "--host", "0.0.0.0", "--dummy-weights"]) == 2
-    assert tp_server.main(["--model", cfg, "--dummy-weights", "--device", "cpu", "--cuda-graphs"]) == 2
+        load_config(str(bad))
+    assert main(["--model", cfg, "--host", "0.0.0.0", "--dummy-weights"]) == 2
+    assert main(["--model", cfg, "--dummy-weights", "--device", "cpu", "--cuda-graphs"]) == 2
 
 
 @pytest.mark.parametrize("tp", [1, 4])
@@ -383,7 +386,7 @@ def test_serve_bench_launch_command_parses(tmp_path: Path, tp: int) -> None:
         assert Path(cmd[0]).name == "torchrun" and cmd[1:5] == ["--standalone", "--nproc_per_node", str(tp), "-m"]
     else:
         assert cmd[:2] == [sys.executable, "-m"]
-    args = tp_server.parse_args(cmd[start:])
+    args = parse_args(cmd[start:])
     assert (args.model, args.port, args.dtype, args.max_model_len) == (str(tmp_path), 8123, "bfloat16", 2048)
     assert args.dummy_weights and args.max_batch == 64 and args.max_prefill_tokens == 16384
 
@@ -457,7 +460,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert len(tok) == VOCAB
     tiny_llama_config(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(d)
     args = ServerArgs(model=str(d / "config.json"), dummy_weights=True, seed=0)
-    tp_server.build_model(args, torch.device("cpu"), torch.float32).save_pretrained(d)
+    build_model(args, torch.device("cpu"), torch.float32).save_pretrained(d)
     tok.save_pretrained(d)
     return d
 

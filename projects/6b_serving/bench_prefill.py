@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
-from phase6.serving import tp_server
-from phase6.serving.tp_server import Engine, ServerArgs
+from phase6.serving.tp_server import ServerArgs
+from phase6.serving.tp_server.engine import Engine
+from phase6.serving.tp_server.model import build_model
 
 
 def one_step_ms(engine: Engine, prompts: list[list[int]], fresh: bool = True) -> float:
@@ -72,7 +73,7 @@ def main() -> None:
         model=str(config), dummy_weights=True, max_batch=max(8, *(n for n, _ in shapes)), max_model_len=4096
     )
     dev = torch.device("cuda", 0)
-    model = tp_server.build_model(args, dev, torch.bfloat16)
+    model = build_model(args, dev, torch.bfloat16)
     cfg = model.config
     engine = Engine(model, args, dev, 0, 1, None, compile_prefill=True)
     with torch.inference_mode():

@@ -30,7 +30,7 @@ from phase6.serving import telemetry
 from phase6.serving.client import request_body, run_benchmark
 from phase6.serving.plots import plot_latency_cdfs, plot_timeseries, plot_vs_load
 from phase6.serving.stats import summarize
-from phase6.serving.workload import Workload, build_workload
+from phase6.serving.workload import BenchWorkload, build_workload
 
 
 def resolve_model(cfg: ServeBenchRunConfig, rec: RunRecord) -> str:
@@ -55,7 +55,7 @@ def load_tokenizer(name: str) -> Any:
         raise ValueError(f"serve.tokenizer: cannot load tokenizer {name!r} ({str(e).splitlines()[0]})") from e
 
 
-def predict(cfg: ServeBenchRunConfig, wl: Workload, details: dict[str, Any], model: str) -> dict[str, Any] | None:
+def predict(cfg: ServeBenchRunConfig, wl: BenchWorkload, details: dict[str, Any], model: str) -> dict[str, Any] | None:
     """The planner's numbers for this row (phase6.plan.serve), or None with no planner model.
 
     batch = the concurrency (closed loop) or the measured mean in-flight requests (open loop, Little's law);
@@ -150,7 +150,7 @@ def sweep_plot(rec: RunRecord) -> Path | None:
 def preflight(cfg: ServeBenchRunConfig) -> None:
     """What the user gave that can be wrong, checked before a model is built or a server started: the trace file
     (every row parsed) and a dead ``serve.endpoint``."""
-    from phase6.fleet.workload import iter_azure, iter_mooncake
+    from phase6.serving.traces import iter_azure, iter_mooncake
     from phase6.serving.workload import HF_PREFIX, resolve_path
 
     load = cfg.load

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from phase6.errors import UserError
 
@@ -64,3 +65,17 @@ def read_text(path: str | Path) -> str:
     """The whole (decompressed) file as text."""
     with open_text(path) as f:
         return f.read()
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(1-based line, parsed value) of each non-blank line of a JSONL file (decompressed); a line that is not JSON
+    raises a one-line ``ValueError`` naming ``file:line``. Lazy: a caller that stops early reads no further."""
+    with open_text(path) as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+            yield line_no, value

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
+from phase6.config.slo import SLOConfig
 
 WORKLOAD_KINDS = ("mooncake", "azure", "synthetic")
 STEP_TIME_SOURCES = ("planner", "table")
@@ -306,8 +307,9 @@ class FleetConfig:
 
 
 @dataclass
-class LoadConfig:
-    """The load sweep: absolute request rates (open loop) or concurrencies (closed loop)."""
+class LoadSweepConfig:
+    """The load sweep (``load:``): absolute request rates (open loop) or concurrencies (closed loop); what one
+    serve-bench run sends is ``phase6.config.serve.LoadConfig``."""
 
     rates: list[float] = field(default_factory=lambda: [2.0, 4.0, 8.0, 16.0])
     """Mean arrival rates, req/s: the workload's timestamps are rescaled to each (trace shape kept); [] = no sweep."""
@@ -328,27 +330,6 @@ class LoadConfig:
             "load.concurrency",
             f"must be integers >= 1 (an empty list skips the sweep), got {self.concurrency}",
         )
-
-
-@dataclass
-class SloConfig:
-    """Service-level objective: a request is good when TTFT and TPOT both meet it (DistServe goodput)."""
-
-    ttft_ms: float = 2000.0
-    """Time to first token limit, ms."""
-    tpot_ms: float = 100.0
-    """Time per output token limit, ms; TPOT = (E2E - TTFT) / (output_tokens - 1)."""
-    attainment: float = 0.9
-    """Fraction of requests that must be good for a rate to count as served (DistServe uses 90 %)."""
-    tbt_ms: float | None = None
-    """Per-token SLO: a request is good only if the mean of its slowest 10 % of token gaps (Mooncake's TBT) is <= this,
-    ms (phase6.fleet.tokens); None = no per-token SLO (TTFT and the per-request mean TPOT only)."""
-
-    def __post_init__(self) -> None:
-        require(self.tbt_ms is None or self.tbt_ms > 0, "slo.tbt_ms", f"must be > 0 or null, got {self.tbt_ms}")
-        require(self.ttft_ms > 0, "slo.ttft_ms", f"must be > 0, got {self.ttft_ms}")
-        require(self.tpot_ms > 0, "slo.tpot_ms", f"must be > 0, got {self.tpot_ms}")
-        require(0 < self.attainment <= 1, "slo.attainment", f"must be in (0, 1], got {self.attainment}")
 
 
 @dataclass
@@ -445,11 +426,13 @@ class FleetRunConfig:
     workload: FleetWorkloadConfig = field(default_factory=FleetWorkloadConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
-    load: LoadConfig = field(default_factory=LoadConfig)
-    slo: SloConfig = field(default_factory=SloConfig)
+    load: LoadSweepConfig = field(default_factory=LoadSweepConfig)
+    slo: SLOConfig = field(default_factory=SLOConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     plots: bool = True
     """Write plots/*.png (matplotlib)."""
 
     def __post_init__(self) -> None:
         require(bool(self.model), "model", "must name a planner preset, e.g. llama3.1-70b")
+        for k in ("ttft_ms", "tpot_ms"):  # the rate searches and the PD grid scale both
+            require(getattr(self.slo, k) is not None, f"slo.{k}", "must be a number for the fleet, got null")

@@ -1,8 +1,8 @@
 """Typed config of the 6B serving benchmark (`phase6 serve-bench`, `configs/serve_bench.yaml`).
 
 Groups (job-specific, under ``configs/serve_bench/``): ``serve/`` -> ServeConfig (which server, how launched),
-``load/`` -> LoadConfig (requests and arrivals), ``slo/`` -> SLOConfig (goodput thresholds),
-``experiment/`` (smoke, table presets). Engine knobs we do not sweep pass through ``serve.engine_args``.
+``load/`` -> LoadConfig (requests and arrivals), ``slo/`` -> SLOConfig (goodput thresholds; phase6.config.slo, shared
+with the fleet), ``experiment/`` (smoke, table presets). Engine knobs we do not sweep pass through ``serve.engine_args``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phase6.config import HardwareConfig, LoggerConfig, PricesConfig, RunConfig, require
+from phase6.config.slo import SLOConfig
 
 ENGINES = ("vllm", "sglang", "transformers", "torch-tp", "openai")
 APIS = ("chat", "completions")
@@ -283,36 +284,6 @@ class LoadConfig:
 
 
 @dataclass
-class SLOConfig:
-    """Service-level objective of goodput: a request is good iff it completed and meets every threshold."""
-
-    ttft_ms: float | None = 2000.0
-    """Max time to first token (ms); null = not part of the SLO."""
-    tpot_ms: float | None = 100.0
-    """Max per-request time per output token (E2E - TTFT)/(out - 1) in ms; null = not part of the SLO."""
-    e2e_ms: float | None = None
-    """Max end-to-end latency (ms); null = not part of the SLO."""
-
-    def __post_init__(self) -> None:
-        for k in ("ttft_ms", "tpot_ms", "e2e_ms"):
-            v = getattr(self, k)
-            require(v is None or v > 0, f"slo.{k}", f"must be > 0 or null, got {v}")
-        require(
-            any(getattr(self, k) is not None for k in ("ttft_ms", "tpot_ms", "e2e_ms")),
-            "slo",
-            "at least one of ttft_ms, tpot_ms, e2e_ms must be set",
-        )
-
-    def describe(self) -> str:
-        parts = [
-            f"{k.removesuffix('_ms').upper()} <= {getattr(self, k):g} ms"
-            for k in ("ttft_ms", "tpot_ms", "e2e_ms")
-            if getattr(self, k) is not None
-        ]
-        return " AND ".join(parts)
-
-
-@dataclass
 class TelemetryConfig:
     """Side channels sampled during a measured run: GPU (NVML) and the server's Prometheus /metrics."""
 
@@ -346,6 +317,11 @@ class ServeBenchRunConfig:
     """Put the planner's serving-latency prediction beside the measured row (when phase6.plan provides one)."""
 
     def __post_init__(self) -> None:
+        require(
+            self.slo.tbt_ms is None,
+            "slo.tbt_ms",
+            f"the per-token SLO is simulated by `phase6 fleet` only; serve-bench's goodput uses TTFT/TPOT/E2E, got {self.slo.tbt_ms}",
+        )
         if self.load.dataset == "sharegpt" and self.serve.max_model_len is not None:
             need = self.load.prompt_len_max + self.load.output_len_max
             require(

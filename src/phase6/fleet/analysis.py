@@ -22,32 +22,28 @@ from typing import Any
 import numpy as np
 
 from phase6.config import HardwareConfig
-from phase6.config.fleet import SloConfig
+from phase6.config.slo import SLOConfig
 from phase6.cost import gpu_hours_per_1m_tokens, usd_per_1m_tokens
 from phase6.fleet.sim import SimResult
 from phase6.fleet.tokens import describe as describe_gaps
-
-
-def _pct(x: np.ndarray, q: float) -> float:
-    return float(np.percentile(x, q)) if len(x) else math.nan
-
+from phase6.serving.slo import good_masks, percentile
 
 GAP_STATS_MAX_REQUESTS = 50_000
 """Without a per-token SLO, per-token columns are computed for runs up to this size (they cost ~20 us a request)."""
 
 
-def good_mask(res: SimResult, slo: SloConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(TTFT ok, token gaps ok) per request: TPOT (per-request mean) <= slo.tpot_ms and, with slo.tbt_ms, the mean of
-    the request's slowest 10 % of token gaps (phase6.fleet.tokens) <= slo.tbt_ms; one-token answers have no gap."""
-    tok_ok = res.tpot_s <= slo.tpot_ms / 1e3
-    if slo.tbt_ms is not None:
-        tail = res.token_gaps[0]
-        tok_ok &= ~(tail > slo.tbt_ms / 1e3)  # NaN (no gap) passes
-    return res.ttft_s <= slo.ttft_ms / 1e3, tok_ok
+def good_mask(res: SimResult, slo: SLOConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT ok, token gaps ok) per request (phase6.serving.slo.good_masks): TPOT (per-request mean) <= slo.tpot_ms
+    and, with slo.tbt_ms, the mean of the request's slowest 10 % of token gaps (phase6.fleet.tokens) <= slo.tbt_ms;
+    one-token answers have no gap; E2E (slo.e2e_ms) counts with the token gaps; a request that never finished is
+    not good (its NaN TPOT would pass)."""
+    tail = res.token_gaps[0] if slo.tbt_ms is not None else None
+    m = good_masks(slo, res.ttft_s, res.tpot_s, e2e_s=res.e2e_s, tbt_tail_s=tail)
+    return m.ttft, m.token & m.e2e & np.isfinite(res.finish_s)
 
 
 def summarize(
-    res: SimResult, slo: SloConfig, hardware: HardwareConfig, window: tuple[float, float] | None = None
+    res: SimResult, slo: SLOConfig, hardware: HardwareConfig, window: tuple[float, float] | None = None
 ) -> dict[str, Any]:
     """One results row for a simulation: latency percentiles, SLO attainment, goodput, hit rate, cost.
 
@@ -80,18 +76,18 @@ def summarize(
     if slo.tbt_ms is not None or n_all <= GAP_STATS_MAX_REQUESTS:
         tail, worst = res.token_gaps
         per_token = describe_gaps(tail[sel])
-        per_token["tbt_max_p99_ms"] = _pct(worst[sel][np.isfinite(worst[sel])] * 1e3, 99)
+        per_token["tbt_max_p99_ms"] = percentile(worst[sel][np.isfinite(worst[sel])] * 1e3, 99)
     return {
         "requests": n,
         "offered_rate": (n_all - 1) / span if span > 0 else math.nan,
         "num_gpus": res.num_gpus,
-        "ttft_p50_ms": _pct(ttft_ms, 50),
-        "ttft_p99_ms": _pct(ttft_ms, 99),
-        "tpot_p50_ms": _pct(tpot_ms[multi], 50),
-        "tpot_p90_ms": _pct(tpot_ms[multi], 90),
-        "tpot_p99_ms": _pct(tpot_ms[multi], 99),
+        "ttft_p50_ms": percentile(ttft_ms, 50),
+        "ttft_p99_ms": percentile(ttft_ms, 99),
+        "tpot_p50_ms": percentile(tpot_ms[multi], 50),
+        "tpot_p90_ms": percentile(tpot_ms[multi], 90),
+        "tpot_p99_ms": percentile(tpot_ms[multi], 99),
         **per_token,
-        "e2e_p50_s": _pct(res.e2e_s, 50),
+        "e2e_p50_s": percentile(res.e2e_s, 50),
         "ttft_attainment": float(ttft_ok.mean()) if n else math.nan,
         "tpot_attainment": float(tpot_ok.mean()) if n else math.nan,
         "slo_attainment": float(good.mean()) if n else math.nan,
@@ -110,7 +106,7 @@ def summarize(
     }
 
 
-def meets(row: dict[str, Any], slo: SloConfig) -> bool:
+def meets(row: dict[str, Any], slo: SLOConfig) -> bool:
     return bool(row["slo_attainment"] >= slo.attainment)
 
 
@@ -126,7 +122,7 @@ class RateSearch:
 
 
 def max_rate_within_slo(
-    run_at: Callable[[float], dict[str, Any]], slo: SloConfig, start: float, steps: int, max_doublings: int = 12
+    run_at: Callable[[float], dict[str, Any]], slo: SLOConfig, start: float, steps: int, max_doublings: int = 12
 ) -> RateSearch:
     """Bisection on the request rate. ``run_at(rate)`` simulates and returns a :func:`summarize` row.
 
@@ -166,7 +162,7 @@ def max_rate_within_slo(
 
 
 def min_replicas(
-    run_with: Callable[[int], dict[str, Any]], slo: SloConfig, lo: int, hi: int
+    run_with: Callable[[int], dict[str, Any]], slo: SLOConfig, lo: int, hi: int
 ) -> tuple[int | None, dict[str, Any] | None]:
     """Fewest replicas in [lo, hi] meeting the SLO, assuming more replicas never hurt (bisection).
 
@@ -186,7 +182,7 @@ def min_replicas(
     return best, best_row
 
 
-def binding_slo(row: dict[str, Any] | None, slo: SloConfig) -> str:
+def binding_slo(row: dict[str, Any] | None, slo: SLOConfig) -> str:
     """Which SLO fails first at a rate just above the limit: 'TTFT', 'TPOT' or 'TTFT+TPOT'."""
     if row is None:
         return "not reached"
@@ -201,7 +197,7 @@ def binding_slo(row: dict[str, Any] | None, slo: SloConfig) -> str:
     return "joint"  # each alone passes, their conjunction does not
 
 
-def pd_reason(colo: RateSearch, pd: RateSearch, split: str, slo: SloConfig) -> tuple[str, str]:
+def pd_reason(colo: RateSearch, pd: RateSearch, split: str, slo: SLOConfig) -> tuple[str, str]:
     """(winner, reason) for one cell of the 'when PD disaggregation pays' table, from the searches' rows."""
     c, p = colo.rate, pd.rate
     c_bind, p_bind = binding_slo(colo.fail_row, slo), binding_slo(pd.fail_row, slo)

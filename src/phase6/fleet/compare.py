@@ -51,6 +51,8 @@ from phase6.fleet.sim import EngineLimits, SimResult, Topology
 from phase6.fleet.steps import new_shape_cost_ms, server_chain, shapes_before
 from phase6.fleet.steptime import StepTimeModel, build_step_model, kv_capacity_blocks, prefill_pairs
 from phase6.fleet.workload import Workload
+from phase6.serving.tp_server.args import ServerArgs  # torch-free: the server's defaults, no engine
+from phase6.textio import iter_jsonl
 
 if TYPE_CHECKING:  # run.py imports this module inside main(); a runtime import here would be circular
     from phase6.fleet.setup import FleetSetup
@@ -112,30 +114,23 @@ def _read_requests(path: Path, completed: int) -> tuple[np.ndarray, np.ndarray, 
             "replays those requests)"
         )
     recs: list[tuple[int, int, int, bool, float]] = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(r, dict) or not isinstance(r.get("index"), int) or not isinstance(r.get("ok"), bool):
-                raise ValueError(f"{path}:{line_no}: expected a request record with integer 'index' and bool 'ok'")
-            if not r["ok"]:
-                continue  # failed requests have no complete output to replay; the row counts them as failed
-            usage = r.get("prompt_tokens")
-            inp = usage if isinstance(usage, int) else r.get("prompt_len")
-            out = r.get("output_tokens")
-            if not isinstance(inp, int) or inp < 1 or not isinstance(out, int) or out < 1:
-                raise ValueError(
-                    f"{path}:{line_no}: a completed request needs prompt_tokens (or prompt_len) >= 1 and "
-                    f"output_tokens >= 1, got {inp!r}, {out!r}"
-                )
-            ttft = r.get("ttft_s")
-            if not _number(ttft) or ttft < 0:
-                raise ValueError(f"{path}:{line_no}: a completed request needs a number ttft_s >= 0, got {ttft!r}")
-            recs.append((r["index"], inp, out, not isinstance(usage, int), 1e3 * float(ttft)))
+    for line_no, r in iter_jsonl(path):
+        if not isinstance(r, dict) or not isinstance(r.get("index"), int) or not isinstance(r.get("ok"), bool):
+            raise ValueError(f"{path}:{line_no}: expected a request record with integer 'index' and bool 'ok'")
+        if not r["ok"]:
+            continue  # failed requests have no complete output to replay; the row counts them as failed
+        usage = r.get("prompt_tokens")
+        inp = usage if isinstance(usage, int) else r.get("prompt_len")
+        out = r.get("output_tokens")
+        if not isinstance(inp, int) or inp < 1 or not isinstance(out, int) or out < 1:
+            raise ValueError(
+                f"{path}:{line_no}: a completed request needs prompt_tokens (or prompt_len) >= 1 and "
+                f"output_tokens >= 1, got {inp!r}, {out!r}"
+            )
+        ttft = r.get("ttft_s")
+        if not _number(ttft) or ttft < 0:
+            raise ValueError(f"{path}:{line_no}: a completed request needs a number ttft_s >= 0, got {ttft!r}")
+        recs.append((r["index"], inp, out, not isinstance(usage, int), 1e3 * float(ttft)))
     if len(recs) != completed:
         raise ValueError(f"{path}: {len(recs)} completed requests, but results.json says completed = {completed}")
     recs.sort()
@@ -247,10 +242,8 @@ def engine_limits(run: MeasuredRun, engine: EngineConfig) -> tuple[int, int, str
     seqs, budget = engine.max_num_seqs, engine.max_batched_tokens
     src = [f"engine.max_num_seqs={seqs}", f"engine.max_batched_tokens={budget}"]
     if name in ENGINE_LIMIT_ARGS:
-        defaults: dict[str, Any] = {}
+        defaults: dict[str, Any] = {}  # ServerArgs' defaults are what ran when no arg was given
         if name == "torch-tp" and any(k not in args for k in ENGINE_LIMIT_ARGS[name]):
-            from phase6.serving.tp_server import ServerArgs  # its defaults are what ran when no arg was given (torch)
-
             fields = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
             defaults = {"max-batch": fields["max_batch"], "max-prefill-tokens": fields["max_prefill_tokens"]}
         for i, key in enumerate(ENGINE_LIMIT_ARGS[name]):
@@ -280,8 +273,6 @@ def engine_profile(run: MeasuredRun, mode: str = "auto") -> tuple[dict[str, Any]
     name = str(serve.get("engine") or run.row.get("engine") or "")
     if mode == "vllm" or name != "torch-tp":
         return {"profile": "vllm"}, "vllm (chunked prefill, one forward per step)"
-    from phase6.serving.tp_server import ServerArgs  # its defaults are what ran when no flag was given (torch)
-
     defaults = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
     args = serve.get("engine_args") or {}
     ml = serve.get("max_model_len") or defaults["max_model_len"]  # serve-bench passes --max-model-len when set

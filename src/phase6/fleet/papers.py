@@ -30,7 +30,8 @@ import numpy as np
 import yaml
 
 from phase6.config import CONFIG_DIR, HardwareConfig
-from phase6.config.fleet import EngineConfig, SloConfig
+from phase6.config.fleet import EngineConfig
+from phase6.config.slo import SLOConfig
 from phase6.fleet.analysis import max_rate_within_slo, summarize
 from phase6.fleet.results import Topology
 from phase6.fleet.setup import FleetSetup
@@ -135,7 +136,7 @@ def setup_for(spec: ModelSpec, hw: HardwareConfig, eng: EngineConfig, seed: int 
 
 
 def capacity(
-    setup: FleetSetup, w: Workload, topo: Topology, router: str, slo: SloConfig, start: float, steps: int = 5
+    setup: FleetSetup, w: Workload, topo: Topology, router: str, slo: SLOConfig, start: float, steps: int = 5
 ) -> float:
     """Max mean arrival rate (trace shape kept) at which >= slo.attainment of the requests meet the SLO."""
 
@@ -161,7 +162,7 @@ def mooncake_tbt(shared: Path, n: int, log: Callable[[str], None]) -> list[Claim
     moon = setup_for(spec, hw, replace(base, host_kv_gib=HOST_GIB, host_tier="global"))
     out = []
     for tbt, pub in ((100.0, 5.98), (200.0, 2.57), (300.0, 1.59)):
-        slo = SloConfig(ttft_ms=30_000.0, tpot_ms=1e9, attainment=0.9, tbt_ms=tbt)
+        slo = SLOConfig(ttft_ms=30_000.0, tpot_ms=1e9, attainment=0.9, tbt_ms=tbt)
         c_v = capacity(vllm, w, Topology(colocated=8), "least_loaded", slo, 1.0)
         c_m = capacity(moon, w, Topology(prefill=5, decode=3), "prefix_aware", slo, 2.0)
         ratio = c_m / c_v if c_v > 0 else math.inf
@@ -204,7 +205,7 @@ def distserve(n: int, log: Callable[[str], None]) -> list[Claim]:
     out = []
     for name, (ttft, tpot, pub, classes, label) in DISTSERVE.items():
         w = synthetic(n, 4.0, classes, 7)
-        slo = SloConfig(ttft_ms=ttft * 1e3, tpot_ms=tpot * 1e3, attainment=0.9)
+        slo = SLOConfig(ttft_ms=ttft * 1e3, tpot_ms=tpot * 1e3, attainment=0.9)
         c_v = capacity(vllm, w, Topology(colocated=2), "least_loaded", slo, 2.0) / 8
         best, best_name = 0.0, "-"
         for p, d, tpp, tpd in layouts:
@@ -269,7 +270,7 @@ def splitwise(shared: Path, n: int, log: Callable[[str], None]) -> Claim:
     # machines and the unloaded A100 reference both run the engine Splitwise profiled (its measured step tables)
     st = replace(setup_for(spec, _hw("h100_sxm"), EngineConfig(tp=8)), model=profile_model("h100_sxm"))
     alone = replace(setup_for(spec, _hw("a100_80gb"), EngineConfig(tp=8)), model=profile_model("a100_80gb"))
-    slo = SloConfig(attainment=0.9)
+    slo = SLOConfig(attainment=0.9)
 
     def run_at(topo: Topology) -> Callable[[float], dict[str, Any]]:
         def f(rate: float) -> dict[str, Any]:
@@ -337,7 +338,7 @@ def mooncake_cache_and_routers(shared: Path, n: int, log: Callable[[str], None])
         f"(global {hits['prefix_aware', 'global']:.3f}): cache-aware routing substitutes for most of the pool",
     )
     w = full.head(n)
-    slo = SloConfig(ttft_ms=10_000.0, tpot_ms=100.0, attainment=0.9)
+    slo = SLOConfig(ttft_ms=10_000.0, tpot_ms=100.0, attainment=0.9)
     st = setup_for(spec, hw, base)
     caps = {}
     for router in ("random", "least_loaded", "prefix_aware"):

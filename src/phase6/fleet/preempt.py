@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from phase6.fleet.workload import BLOCK_TOKENS
+from phase6.serving.traces import BLOCK_TOKENS
 
 
 def track(rep: Any, r: Any) -> None:

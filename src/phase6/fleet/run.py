@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from phase6.config import CONFIG_DIR
-from phase6.config.fleet import FleetRunConfig, FleetWorkloadConfig, SloConfig, parse_policy
+from phase6.config.fleet import FleetRunConfig, FleetWorkloadConfig, parse_policy
+from phase6.config.slo import SLOConfig
 from phase6.cost import run_cost
 from phase6.figures import save_figure
 from phase6.fleet.analysis import RateSearch, max_rate_within_slo, meets, min_replicas, pd_reason, summarize
@@ -186,7 +187,7 @@ def search_rate(
     out: int,
     e2e0: float,
     topo: Topology,
-    slo: SloConfig,
+    slo: SLOConfig,
     start: float,
     steps: int,
     min_requests: int,
@@ -235,7 +236,7 @@ def pd_grid(setup: FleetSetup, cfg: FleetRunConfig, log: Callable[[str], None] =
         e2e0 = ttft0 + (out - 1) * tpot0
         start = 0.5 * capacity_guess(setup, n, inp, out)
         for scale in a.pd_slo_scales:
-            slo = SloConfig(ttft_ms=scale * ttft0 * 1e3, tpot_ms=scale * tpot0 * 1e3, attainment=cfg.slo.attainment)
+            slo = SLOConfig(ttft_ms=scale * ttft0 * 1e3, tpot_ms=scale * tpot0 * 1e3, attainment=cfg.slo.attainment)
             args = (slo, start, a.rate_search_steps, a.pd_requests, cfg.run.seed)
             colo = search_rate(setup, inp, out, e2e0, Topology(colocated=n), *args)
             best: tuple[RateSearch, str] | None = None

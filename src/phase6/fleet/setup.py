@@ -15,8 +15,9 @@ from phase6.fleet.engines import TorchTPStepTime
 from phase6.fleet.kvcache import HostTier
 from phase6.fleet.sim import EngineLimits, SimResult, Topology, simulate
 from phase6.fleet.steptime import StepTimeModel, kv_capacity_blocks, kv_transfer_s, planner_model
-from phase6.fleet.workload import BLOCK_TOKENS, Workload
+from phase6.fleet.workload import Workload
 from phase6.plan.model import ModelSpec
+from phase6.serving.traces import BLOCK_TOKENS
 
 
 @dataclass

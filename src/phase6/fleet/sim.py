@@ -50,7 +50,8 @@ from phase6.fleet.request import EngineLimits, _Req
 from phase6.fleet.results import SimResult, Topology
 from phase6.fleet.steptime import StepTimeModel
 from phase6.fleet.tokens import StepLog
-from phase6.fleet.workload import BLOCK_TOKENS, Workload
+from phase6.fleet.workload import Workload
+from phase6.serving.traces import BLOCK_TOKENS
 
 ROUTER_NAMES = ("random", "round_robin", "least_loaded", "prefix_aware", "session_affinity")
 

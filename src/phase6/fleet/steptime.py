@@ -25,10 +25,10 @@ from phase6.config.fleet import EngineConfig
 from phase6.config.plan import EfficiencyConfig
 from phase6.fleet.engines import TorchTPEngine, TorchTPStepTime, kv_rows_blocks
 from phase6.fleet.interference import EngineStepTime
-from phase6.fleet.workload import BLOCK_TOKENS
 from phase6.plan.memory import serve_memory
 from phase6.plan.model import ModelSpec
 from phase6.plan.serve import ServeCostModel
+from phase6.serving.traces import BLOCK_TOKENS
 
 
 class StepTimeModel(Protocol):

@@ -1,6 +1,8 @@
 """6B serving benchmark library: workloads and schedules, the streaming client, server lifecycle, statistics,
 telemetry and plots. The `phase6 serve-bench` entry is projects/6b_serving/serve_bench.py.
 
+- ``traces``: the one strict parser per trace format (Mooncake JSONL, Azure CSV), shared with `phase6 fleet`
+- ``slo``: the one percentile and goodput-at-an-SLO definition, shared with `phase6 fleet`
 - ``workload``: ShareGPT / synthetic / Mooncake / Azure request lists, seeded arrival schedules
 - ``client``: async SSE client (per-chunk timestamps, per-token ITL, accounting that never loses a request)
 - ``server``: launch/ready/stop of vLLM, SGLang, transformers serve; cache across sweep members

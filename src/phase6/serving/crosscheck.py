@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from phase6.serving.client import RunOutcome, request_body, run_benchmark
-from phase6.serving.stats import pct
+from phase6.serving.slo import percentile
 from phase6.serving.workload import BenchRequest
 
 
@@ -88,13 +88,13 @@ def phase6_run(
             output_tokens=out_tok,
             duration_s=out.duration_s,
             output_tok_s=out_tok / out.duration_s,
-            ttft_p50_ms=pct([r.ttft_s * 1e3 for r in ok], 50),
-            ttft_p99_ms=pct([r.ttft_s * 1e3 for r in ok], 99),
-            tpot_p50_ms=pct([r.tpot_s * 1e3 for r in ok], 50),
-            tpot_p99_ms=pct([r.tpot_s * 1e3 for r in ok], 99),
-            itl_p50_ms=pct([g * 1e3 for r in ok for g in r.itl_samples_s()], 50),
-            itl_p99_ms=pct([g * 1e3 for r in ok for g in r.itl_samples_s()], 99),
-            e2e_p50_ms=pct([r.e2e_s * 1e3 for r in ok], 50),
+            ttft_p50_ms=percentile([r.ttft_s * 1e3 for r in ok], 50),
+            ttft_p99_ms=percentile([r.ttft_s * 1e3 for r in ok], 99),
+            tpot_p50_ms=percentile([r.tpot_s * 1e3 for r in ok], 50),
+            tpot_p99_ms=percentile([r.tpot_s * 1e3 for r in ok], 99),
+            itl_p50_ms=percentile([g * 1e3 for r in ok for g in r.itl_samples_s()], 50),
+            itl_p99_ms=percentile([g * 1e3 for r in ok for g in r.itl_samples_s()], 99),
+            e2e_p50_ms=percentile([r.e2e_s * 1e3 for r in ok], 50),
             wall_s=wall,
             cpu_s=cpu,
         ),

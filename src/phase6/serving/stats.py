@@ -4,9 +4,9 @@
   duration = first dispatch -> last request end (vLLM ``output_throughput``); total_tok_s adds prompt tokens
   (server-reported when available, else the client count); req_s = completed / duration.
 - TTFT, TPOT: per completed request; ITL: pooled per-token samples of all completed requests; percentiles are
-  numpy's linear interpolation (vLLM's choice).
+  numpy's linear interpolation (vLLM's choice; phase6.serving.slo.percentile, shared with the fleet).
 - goodput_req_s = requests that completed AND meet every SLO threshold / duration; failed requests are never
-  good; a single-token answer has no TPOT and passes that threshold (vLLM's rule).
+  good; a single-token answer has no TPOT and passes that threshold (vLLM's rule; phase6.serving.slo.good_masks).
 - gpu_hours_per_1m_output_tokens = GPUs * 1e6 / (3600 * output tok/s) (phase6.cost); usd = that * $/GPU-h.
 """
 
@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from phase6.config.serve import SLOConfig
+from phase6.config.slo import SLOConfig
 from phase6.cost import gpu_hours_per_1m_tokens, usd_per_1m_tokens
 from phase6.serving.client import RequestResult, RunOutcome
+from phase6.serving.slo import good_masks, percentile
 
 ROW_KEYS = (
     "engine",
@@ -43,21 +44,10 @@ ROW_KEYS = (
 EXTRA_ROW_KEYS = ("output_tok_s", "total_tok_s", "req_s")
 
 
-def pct(values: list[float], q: float) -> float:
-    """q-th percentile (linear), NaN for an empty list."""
-    vals = [v for v in values if not math.isnan(v)]
-    return float(np.percentile(vals, q)) if vals else math.nan
-
-
-def is_good(r: RequestResult, slo: SLOConfig) -> bool:
-    if not r.ok:
-        return False
-    if slo.ttft_ms is not None and not r.ttft_s * 1e3 <= slo.ttft_ms:
-        return False
-    tpot = r.tpot_s
-    if slo.tpot_ms is not None and not math.isnan(tpot) and not tpot * 1e3 <= slo.tpot_ms:
-        return False
-    return not (slo.e2e_ms is not None and not r.e2e_s * 1e3 <= slo.e2e_ms)
+def good_requests(ok: list[RequestResult], slo: SLOConfig) -> np.ndarray:
+    """Which completed requests meet every threshold of the SLO (phase6.serving.slo.good_masks)."""
+    ttft, tpot, e2e = (np.array([getattr(r, k) for r in ok], dtype=np.float64) for k in ("ttft_s", "tpot_s", "e2e_s"))
+    return good_masks(slo, ttft, tpot, e2e_s=e2e).good
 
 
 def summarize(
@@ -86,7 +76,8 @@ def summarize(
     arrived = [r for r in outcome.results if r.dispatched]
     queue = [r.queue_s * 1e3 for r in sent]
     lag = [r.dispatch_lag_s * 1e3 for r in arrived]
-    good = sum(is_good(r, slo) for r in ok)
+    good_mask = good_requests(ok, slo)
+    good = int(good_mask.sum())
     span = max((r.dispatch_s for r in arrived), default=0.0) - min((r.dispatch_s for r in arrived), default=0.0)
     open_loop = len({r.scheduled_s for r in outcome.results}) > 1  # closed loop queues everything at t = 0
     offered = (len(arrived) - 1) / span if open_loop and len(arrived) > 1 and span > 0 else math.nan
@@ -102,12 +93,12 @@ def summarize(
         "concurrency": concurrency,
         "request_rate": request_rate,
         "throughput_tok_s": out_rate,
-        "ttft_p50_ms": pct(ttft, 50),
-        "ttft_p99_ms": pct(ttft, 99),
-        "itl_p50_ms": pct(itl, 50),
-        "itl_p99_ms": pct(itl, 99),
-        "tpot_p50_ms": pct(tpot, 50),
-        "tpot_p99_ms": pct(tpot, 99),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p99_ms": percentile(ttft, 99),
+        "itl_p50_ms": percentile(itl, 50),
+        "itl_p99_ms": percentile(itl, 99),
+        "tpot_p50_ms": percentile(tpot, 50),
+        "tpot_p99_ms": percentile(tpot, 99),
         "goodput_req_s": good / dur if dur > 0 else 0.0,
         "gpu_hours_per_1m_output_tokens": gpu_hours_per_1m_tokens(num_gpus, out_rate),
         "usd_per_1m_output_tokens": usd_per_1m_tokens(num_gpus, out_rate, usd_per_gpu_hour),
@@ -116,17 +107,19 @@ def summarize(
         "output_tok_s": out_rate,
         "total_tok_s": (out_tok + in_tok) / dur if dur > 0 else 0.0,
         "req_s": len(ok) / dur if dur > 0 else 0.0,
-        "goodput_tok_s": sum(r.output_tokens for r in ok if is_good(r, slo)) / dur if dur > 0 else 0.0,
+        "goodput_tok_s": sum(r.output_tokens for r, g in zip(ok, good_mask, strict=True) if g) / dur
+        if dur > 0
+        else 0.0,
         "good_fraction": good / outcome.planned if outcome.planned else math.nan,
         "mean_in_flight": sum(r.end_s - r.send_s for r in sent) / dur if dur > 0 else math.nan,
-        "e2e_p50_ms": pct(e2e, 50),
-        "e2e_p99_ms": pct(e2e, 99),
-        "chunk_gap_p50_ms": pct(gaps, 50),
-        "chunk_gap_p99_ms": pct(gaps, 99),
-        "queue_p50_ms": pct(queue, 50),
-        "queue_p99_ms": pct(queue, 99),
-        "dispatch_lag_p50_ms": pct(lag, 50),
-        "dispatch_lag_p99_ms": pct(lag, 99),
+        "e2e_p50_ms": percentile(e2e, 50),
+        "e2e_p99_ms": percentile(e2e, 99),
+        "chunk_gap_p50_ms": percentile(gaps, 50),
+        "chunk_gap_p99_ms": percentile(gaps, 99),
+        "queue_p50_ms": percentile(queue, 50),
+        "queue_p99_ms": percentile(queue, 99),
+        "dispatch_lag_p50_ms": percentile(lag, 50),
+        "dispatch_lag_p99_ms": percentile(lag, 99),
         "dispatch_lag_max_ms": max(lag, default=math.nan),
         "offered_rate_req_s": offered,
         "duration_s": dur,

@@ -9,7 +9,7 @@ Loaders (each returns ``list[BenchRequest]``, prompt/output lengths counted with
 - ``load_mooncake``: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``); each
   512-token block's text is derived from its hash id, so equal ids give equal prefixes (prefix-cache reuse).
 - ``load_azure``: Azure LLM inference CSV (``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``).
-  Both trace formats are parsed by the fleet simulator's strict row parsers (``phase6.fleet.workload.iter_mooncake``
+  Both trace formats are parsed by the strict row parsers (``phase6.serving.traces.iter_mooncake``
   / ``iter_azure``: one parser per format, so 6B and the fleet replay the same rows); only the prompt text is added
   here.
 
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from phase6.config.serve import LengthDist
-from phase6.fleet.workload import BLOCK_TOKENS, TraceRow, iter_azure, iter_mooncake
+from phase6.serving.traces import BLOCK_TOKENS, TraceRow, iter_azure, iter_mooncake
 from phase6.textio import read_text
 
 
@@ -344,7 +344,7 @@ def load_mooncake(
     max_rows: int | None = None,
     max_total_len: int | None = None,
 ) -> tuple[list[BenchRequest], int]:
-    """Mooncake trace rows (``phase6.fleet.workload.iter_mooncake``: strict, one-line errors naming file:line) ->
+    """Mooncake trace rows (``phase6.serving.traces.iter_mooncake``: strict, one-line errors naming file:line) ->
     requests with trace times; returns (requests, rows dropped for max_total_len)."""
     stream = _BlockStream(tok, _content_ids(tok), seed)
 
@@ -381,7 +381,7 @@ def load_azure(
     max_rows: int | None = None,
     max_total_len: int | None = None,
 ) -> tuple[list[BenchRequest], int]:
-    """Azure LLM inference CSV rows (``phase6.fleet.workload.iter_azure``: strict, one-line errors naming file:line)
+    """Azure LLM inference CSV rows (``phase6.serving.traces.iter_azure``: strict, one-line errors naming file:line)
     -> requests with random whole-word prompts and trace times; returns (requests, rows dropped for max_total_len).
 
     Each row's prompt ids are drawn from a generator seeded by (seed, line), so the quick builder and the tokenizer
@@ -457,8 +457,9 @@ def resolve_path(path: str) -> Path:
 
 
 @dataclass
-class Workload:
-    """What one run sends: measured requests, warmup requests and the send schedule (seconds after start)."""
+class BenchWorkload:
+    """What one run sends: measured requests, warmup requests and the send schedule (seconds after start); the
+    fleet's columnar request stream is the other shape of the same trace rows (``phase6.fleet.workload.Workload``)."""
 
     requests: list[BenchRequest]
     warmup: list[BenchRequest]
@@ -466,7 +467,7 @@ class Workload:
     info: dict[str, Any]
 
 
-def build_workload(load: Any, tok: TokenizerLike, seed: int, max_model_len: int | None = None) -> Workload:
+def build_workload(load: Any, tok: TokenizerLike, seed: int, max_model_len: int | None = None) -> BenchWorkload:
     """Requests + warmup + schedule for a ``LoadConfig``; every choice recorded in ``info``."""
     info: dict[str, Any] = {"dataset": load.dataset, "arrival": load.arrival, "seed": seed}
     warm_n = load.warmup()
@@ -540,4 +541,4 @@ def build_workload(load: Any, tok: TokenizerLike, seed: int, max_model_len: int 
             ).hexdigest(),
         }
     )
-    return Workload(requests, warmup, schedule, info)
+    return BenchWorkload(requests, warmup, schedule, info)

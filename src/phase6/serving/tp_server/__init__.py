@@ -51,38 +51,8 @@ validation, Prometheus) -> ``scheduler`` (rank 0's admit/plan/sample loop) -> ``
 forward, CUDA graphs, compiled prefill) -> ``model`` (load) -> ``args`` (the command line, one dataclass).
 """
 
+# Only the torch-free command line is re-exported here, so that importing the package (and `phase6 fleet`, which
+# reads ServerArgs' defaults) does not load torch; the engine, scheduler and HTTP API import from their modules.
 from phase6.serving.tp_server.args import DTYPES, ENGINE, LOOPBACK_HOSTS, ServerArgs, build_parser, parse_args
-from phase6.serving.tp_server.engine import CMD_NOOP, CMD_STEP, CMD_STOP, HEADER_LEN, Engine, SlotKVCache, StepPlan
-from phase6.serving.tp_server.http import Api, Detokenizer, build_app, prometheus
-from phase6.serving.tp_server.model import broadcast_weights, build_model, decoder_layers, load_config
-from phase6.serving.tp_server.scheduler import GenParams, Request, Scheduler
-from phase6.serving.tp_server.server import main, run
 
-__all__ = [
-    "CMD_NOOP",
-    "CMD_STEP",
-    "CMD_STOP",
-    "DTYPES",
-    "ENGINE",
-    "HEADER_LEN",
-    "LOOPBACK_HOSTS",
-    "Api",
-    "Detokenizer",
-    "Engine",
-    "GenParams",
-    "Request",
-    "Scheduler",
-    "ServerArgs",
-    "SlotKVCache",
-    "StepPlan",
-    "broadcast_weights",
-    "build_app",
-    "build_model",
-    "build_parser",
-    "decoder_layers",
-    "load_config",
-    "main",
-    "parse_args",
-    "prometheus",
-    "run",
-]
+__all__ = ["DTYPES", "ENGINE", "LOOPBACK_HOSTS", "ServerArgs", "build_parser", "parse_args"]

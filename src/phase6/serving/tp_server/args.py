@@ -1,4 +1,6 @@
-"""The server's command line: one dataclass whose fields (names, types, defaults, docstrings) generate the parser."""
+"""The server's command line: one dataclass whose fields (names, types, defaults, docstrings) generate the parser.
+
+No torch here: `phase6 fleet` (fleet/compare.py) reads these defaults to replay a torch-tp run on a CPU machine."""
 
 from __future__ import annotations
 
@@ -11,11 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 ENGINE = "torch-tp"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = ("bfloat16", "float16", "float32")
+"""--dtype values besides auto; each names a torch dtype (``getattr(torch, name)``, server.py)."""
 
 
 @dataclass

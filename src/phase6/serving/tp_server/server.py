@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from phase6.parallel import apply_tp
-from phase6.serving.tp_server.args import DTYPES, ServerArgs, parse_args
+from phase6.serving.tp_server.args import ServerArgs, parse_args
 from phase6.serving.tp_server.engine import CMD_STEP, Engine, StepPlan
 from phase6.serving.tp_server.http import Api, serve_http
 from phase6.serving.tp_server.model import broadcast_weights, build_model
@@ -69,7 +69,7 @@ def run(args: ServerArgs) -> int:
     if args.cuda_graphs and not use_cuda:
         raise ValueError("--cuda-graphs: needs a CUDA device")
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if use_cuda else torch.float32)
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (torch.bfloat16 if use_cuda else torch.float32)
     ctrl: dist.ProcessGroup | None = None
     if world > 1:
         if use_cuda:
