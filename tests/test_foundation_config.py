@@ -63,9 +63,17 @@ def test_every_yaml_composes_into_its_dataclass(job: str, overrides: list[str], 
     except ConfigError:
         group, _, option = overrides[0].partition("=") if overrides else ("", "", "")
         experiments = _experiments_selecting(job, group, option) if group not in ("", "experiment") else []
-        if not experiments:
-            raise
-        cfgs = [load_config(job, [f"experiment={x}"]) for x in experiments]
+        if experiments:
+            cfgs = [load_config(job, [f"experiment={x}"]) for x in experiments]
+        else:  # a variant used on top of an experiment (serve=vllm_tiny_tp2 with experiment=smoke_vllm)
+            cfgs = []
+            for x in sorted(p.stem for p in (CONFIG_DIR / job / "experiment").glob("*.yaml")) if group else []:
+                try:
+                    cfgs.append(load_config(job, [f"experiment={x}", *overrides]))
+                except ConfigError:
+                    pass
+            if not cfgs:
+                raise
     for cfg in cfgs:
         assert type(cfg).__name__.endswith("RunConfig")
         assert cfg.run.name
