@@ -229,7 +229,7 @@ def test_bad_rows_are_named(tmp_path: Path) -> None:
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"text": "ok"}\n{"text": \n')
-    with pytest.raises(ValueError, match=rf"{bad}:3: invalid JSON"):
+    with pytest.raises(ValueError, match=rf"{bad}:3: not valid JSON"):
         prepare_shards(_cfg(tmp_path, bad, "o1"), show_progress=False)
     bad.write_text('{"text": "ok"}\n{"body": "no text"}\n')
     with pytest.raises(ValueError, match=rf"{bad}:2: row has no string key 'text'"):

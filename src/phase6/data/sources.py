@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import glob
 import hashlib
-import json
 import platform
 import re
 import sysconfig
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phase6.config.data import LOCAL_SUFFIXES, DataConfig
-from phase6.textio import base_suffix, open_text, read_text
+from phase6.textio import base_suffix, iter_jsonl, open_text, read_text
 
 
 @dataclass
@@ -181,17 +180,10 @@ def local_documents(files: list[Path], text_column: str) -> Iterator[str]:
 
 
 def _jsonl_documents(path: Path, text_column: str) -> Iterator[str]:
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get(text_column), str):
-                raise ValueError(f"{path}:{lineno}: row has no string key {text_column!r} (data.text_column)")
-            yield row[text_column]
+    for lineno, row in iter_jsonl(path):
+        if not isinstance(row, dict) or not isinstance(row.get(text_column), str):
+            raise ValueError(f"{path}:{lineno}: row has no string key {text_column!r} (data.text_column)")
+        yield row[text_column]
 
 
 def _parquet_documents(path: Path, text_column: str) -> Iterator[str]:

@@ -14,7 +14,6 @@ Scores are fractions in [0, 1]; tables and the verdict report them in points (×
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any
 import yaml
 
 from phase6.config.evals import LocalTask
-from phase6.textio import read_text
+from phase6.textio import iter_jsonl
 
 # Primary metric per built-in task: (metric, filter) as in lm-eval's result keys "<metric>,<filter>".
 PRIMARY_METRIC: dict[str, tuple[str, str]] = {
@@ -47,13 +46,7 @@ def _validate_local_rows(task: LocalTask) -> int:
     if not path.is_file():
         raise ValueError(f"eval.local_tasks[{task.name}].path: {path} is not a file")
     n = 0
-    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: line {lineno}: not valid JSON ({e.msg})") from None
+    for lineno, row in iter_jsonl(path):
         if task.kind == "multiple_choice":
             ok = (
                 isinstance(row, dict)
