@@ -72,27 +72,13 @@ def predict_uncalibrated(planned: list[Any], cfg: Any, setup: Any) -> tuple[list
     """Each planned run replayed on the generic vllm replica with the fleet config's own efficiencies (no fit): the
     ``_sim`` columns ``phase6 fleet experiment=compare analysis.compare_calibrate=false analysis.compare_profile=vllm``
     prints once those runs are measured. Returns (rows, replica description)."""
-    from phase6.fleet.compare import p50_ms, replay, replica_config
+    from phase6.fleet.compare import replay, replica_config, sim_columns
 
     rows, desc = [], ""
     for run in planned:
         engine, limits, limits_src, prof = replica_config(run, cfg, setup, "vllm")
-        res = replay(setup, run, engine, limits)
-        ttft, tpot = p50_ms(res)
         desc = f"{prof}; limits {limits_src}"
-        rows.append(
-            {
-                "tp": run.row["tp"],
-                "concurrency": run.concurrency,
-                "requests": len(run.input_tokens),
-                "mean_input_tokens": float(run.input_tokens.mean()),
-                "mean_output_tokens": float(run.output_tokens.mean()),
-                "ttft_p50_ms_sim": ttft,
-                "tpot_p50_ms_sim": tpot,
-                "throughput_tok_s_sim": float(res.output_tokens.sum()) / res.makespan_s,
-                "makespan_s_sim": res.makespan_s,
-            }
-        )
+        rows.append(sim_columns(run, run.row["tp"], replay(setup, run, engine, limits)))
     return rows, desc
 
 

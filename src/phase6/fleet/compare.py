@@ -529,25 +529,32 @@ def predict_serve_bench(
         engine, limits, limits_src, desc = replica_config(p, cfg, setup, profile)
         psetup = dataclasses.replace(setup, new_shape_ms=shape_ms[tp]) if engine.profile == "torch-tp" else setup
         res = replay(psetup, p, with_fit(engine, fits[tp][0]), limits)  # a fresh server: no warm shapes
-        ttft, tpot = p50_ms(res)
         out.append(
             {
                 "run": str(p.run_dir),
-                "tp": tp,
-                "concurrency": p.concurrency,
-                "requests": len(p.input_tokens),
-                "mean_input_tokens": float(p.input_tokens.mean()),
-                "mean_output_tokens": float(p.output_tokens.mean()),
-                "ttft_p50_ms_sim": ttft,
-                "tpot_p50_ms_sim": tpot,
-                "throughput_tok_s_sim": float(res.output_tokens.sum()) / res.makespan_s,
-                "makespan_s_sim": res.makespan_s,
+                **sim_columns(p, tp, res),
                 "engine_profile": desc,
                 "engine_limits": limits_src,
                 "calibration": fits[tp][1],
             }
         )
     return out
+
+
+def sim_columns(run: MeasuredRun, tp: int, res: SimResult) -> dict[str, Any]:
+    """The simulated side of one measured run's row: its request mix and the replay's p50s, throughput, makespan."""
+    ttft, tpot = p50_ms(res)
+    return {
+        "tp": tp,
+        "concurrency": run.concurrency,
+        "requests": len(run.input_tokens),
+        "mean_input_tokens": float(run.input_tokens.mean()),
+        "mean_output_tokens": float(run.output_tokens.mean()),
+        "ttft_p50_ms_sim": ttft,
+        "tpot_p50_ms_sim": tpot,
+        "throughput_tok_s_sim": float(res.output_tokens.sum()) / res.makespan_s,
+        "makespan_s_sim": res.makespan_s,
+    }
 
 
 def shape_calibration(
