@@ -495,15 +495,20 @@ def bench_check(args: argparse.Namespace) -> list[dict[str, Any]]:
     return result
 
 
-def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """A few GRPO steps at the benchmark shape; the mean breakdown of the steps after the first."""
+def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A few GRPO steps at the benchmark shape: (mean breakdown of the steps after the first, one row per step).
+
+    ``--step-engine hf``: HFEngine (``--step-decode``); ``vllm``: the colocated vLLM engine built by
+    ``phase6.rollout.vllm.build_vllm_engine`` -- the function ``phase6 grpo engine=vllm`` calls -- with
+    ``gpu_memory_utilization = --vllm-gpu-memory-utilization`` (configs/grpo/engine/vllm.yaml's 0.3) and every other
+    vLLM setting at the job's defaults; weight sync ``collective_rpc("reload_weights")``."""
     import torch
     from datasets import Dataset
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     from trl import GRPOConfig
 
-    from phase6.posttrain.grpo_timing import summarize
+    from phase6.posttrain.grpo_timing import PHASES, summarize
     from phase6.posttrain.grpo_trainer import EngineGRPOTrainer
     from phase6.posttrain.tiny import CHATML_TEMPLATE
     from phase6.rollout.hf import HFEngine
@@ -521,7 +526,10 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
     tok.chat_template = CHATML_TEMPLATE
     work = Path(tempfile.mkdtemp(prefix="grpo_bench_"))
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    dummy_model("cpu").save_pretrained(work / "model")
+    arch = None
+    if DEVICE == "cpu" and args.step_engine == "vllm":  # vLLM's CPU attention needs head_dim >= 32
+        arch = QWEN25_15B | CPU_CHECK_ARCH | {"hidden_size": 256, "intermediate_size": 512}
+    dummy_model("cpu", arch).save_pretrained(work / "model")
     tok.save_pretrained(work / "model")
     rng = random.Random(0)
     rows = [
@@ -556,10 +564,16 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
         model_init_kwargs={"dtype": dtype, "attn_implementation": "sdpa"},
     )
 
-    def build(trainer: Any) -> HFEngine:
+    def build(trainer: Any) -> Any:
+        if args.step_engine == "vllm":
+            from phase6.rollout.vllm import build_vllm_engine
+
+            options = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization} if DEVICE == "cuda" else {}
+            return build_vllm_engine(trainer, "colocate", options)
         m = AutoModelForCausalLM.from_pretrained(work / "model", dtype=dtype).to(DEVICE)
         return HFEngine(m, PAD, [EOS], decode=args.step_decode, pad_to_multiple=64, score_batch_size=8)
 
+    t0 = time.perf_counter()
     trainer = EngineGRPOTrainer(
         model=str(work / "model"),
         reward_funcs=[digit_reward],
@@ -569,24 +583,72 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
         engine_builder=build,
         probe_every=0,
     )
+    init_s = time.perf_counter() - t0
     trainer.train()
-    for i, r in enumerate(trainer.step_rows, 1):
-        print(json.dumps({"step": i, **{k: round(v, 3) for k, v in r.items()}}), flush=True)
+    # per step: the phase seconds, and what the trainer logged for it (engine tokens/s, lengths, sync, mismatch)
+    logs = [h for h in trainer.state.log_history if "time/step_s" in h]
+    syncs = {s["step"]: s for s in trainer.sync_log}
+    mismatch = {m["step"]: m for m in trainer.mismatch_log}
+    per_step = []
+    for i, r in enumerate(trainer.step_rows):
+        log = logs[i] if i < len(logs) else {}
+        s, m = syncs.get(i, {}), mismatch.get(i, {})
+        row = {"step": i + 1, "step_s": round(r["step"], 3), **{k: round(r[k], 3) for k in PHASES if r[k]}}
+        row |= {
+            "engine_tokens_per_s": round(log["rollout/engine_tokens_per_s"]) if log else None,
+            "completion_mean_len": log.get("completions/mean_length"),
+            "clipped_ratio": log.get("completions/clipped_ratio"),
+            "sync_bytes": s.get("bytes"),
+            "sync_tensors": s.get("num_tensors"),
+            "sync_ms": round(s["ms"], 1) if s else None,
+            "logp_mismatch_mean": m.get("logp_mismatch_mean"),
+            "logp_mismatch_max": m.get("logp_mismatch_max"),
+            "mismatch_tokens": m.get("tokens"),
+            "nan_tokens": m.get("nan_tokens"),
+        }
+        per_step.append(row)
+        print(json.dumps(row), flush=True)
     table = summarize(trainer.step_rows, skip_first=1)
     for r in table:
         r.pop("what")
-    syncs = trainer.sync_log[1:] or trainer.sync_log
-    if syncs:
+    later = trainer.sync_log[1:] or trainer.sync_log
+    if later:
         table.append(
             {
                 "phase": "weight_sync detail",
-                "mean_s_per_step": sum(s["ms"] for s in syncs) / len(syncs) / 1e3,
+                "mean_s_per_step": sum(s["ms"] for s in later) / len(later) / 1e3,
                 "share_pct": None,
-                "gib": syncs[0]["bytes"] / 2**30,
-                "mechanism": syncs[0]["mechanism"],
+                "gib": later[0]["bytes"] / 2**30,
+                "tensors": later[0]["num_tensors"],
+                "mechanism": later[0]["mechanism"],
             }
         )
-    return table
+    use = trainer.mismatch_log[1:] or trainer.mismatch_log
+    if use:
+        table.append(
+            {
+                "phase": "logp mismatch, abs(log pi_train - log mu_engine), lag 0",
+                "mean_s_per_step": None,
+                "share_pct": None,
+                "mean": sum(m["logp_mismatch_mean"] for m in use) / len(use),
+                "max": max(m["logp_mismatch_max"] for m in use),
+                "tokens": sum(m["tokens"] for m in use),
+                "nan_tokens": sum(m["nan_tokens"] for m in use),
+            }
+        )
+    table.append({"phase": "trainer + engine init (s, once)", "mean_s_per_step": init_s, "share_pct": None})
+    if DEVICE == "cuda":
+        table.append(
+            {
+                "phase": "peak GPU memory (GiB, torch allocator)",
+                "mean_s_per_step": None,
+                "share_pct": None,
+                "gib": gib(torch.cuda.max_memory_allocated()),
+            }
+        )
+    engine = trainer.engine
+    del trainer, engine
+    return table, per_step
 
 
 def print_table(title: str, rows: list[dict[str, Any]]) -> None:
@@ -619,6 +681,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4, help="GRPO steps for --part step (the first is warm-up)")
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--step-decode", default="loop", choices=("loop", "generate"), help="HF engine decode, --part step")
+    p.add_argument(
+        "--step-engine",
+        default="hf",
+        choices=("hf", "vllm"),
+        help="--part step rollout engine: hf (HFEngine) | vllm (colocated vLLM, phase6 grpo engine=vllm's builder)",
+    )
     p.add_argument("--out", default=None, help="write every table as JSON here")
     p.add_argument("--cpu-check", action="store_true", help="2-layer model, tiny shape, on CPU: checks the script only")
     args = p.parse_args()
@@ -657,14 +725,16 @@ def main() -> None:
         result["check"] = bench_check(args)
         tables.append(("check", "Correctness on this device (fp32, 2 layers; 64 rows x 48 tokens on a GPU)"))
     if "step" in parts:
-        result["step"] = bench_step(args)
+        result["step"], result["step_rows"] = bench_step(args)
+        engine = f"HF engine, {args.step_decode}" if args.step_engine == "hf" else "vLLM colocate"
         tables.append(
             (
                 "step",
-                f"GRPO step breakdown (HF engine, {args.step_decode}), {args.prompts}x{args.group}x"
+                f"GRPO step breakdown ({engine}), {args.prompts}x{args.group}x"
                 f"{args.new_tokens}, mean of steps 2..{args.steps}",
             )
         )
+        tables.append(("step_rows", "GRPO steps one by one (s per phase; rollout, sync and mismatch columns)"))
     for key, title in tables:
         if result[key]:
             print_table(title, result[key])
