@@ -6,6 +6,13 @@
 #                                                 #         serve-bench C=1/16/64, then `vllm bench serve` C=1/16/64
 #   bash scripts/vllm_h200_run.sh rollout CARRY   # call 3: 6D vLLM LLM.generate row (no carry; /tmp from call 2)
 #
+# The 6D GRPO step (second session, same recipe; setup.tar.xz also holds stepwhl/: trl 1.16.0, datasets 5.2.0, dill,
+# multiprocess, which the image lacks):
+#   bash scripts/vllm_h200_run.sh step_hf   CARRY # call 1: stage piece 00; GRPO step, HF engine (decode loop)
+#   bash scripts/vllm_h200_run.sh step_vllm CARRY # call 2: piece 01 -> vLLM; GRPO step, colocated vLLM engine
+#   bash scripts/vllm_h200_run.sh ttft      CARRY # call 3: one vLLM server, phase6's client and `vllm bench serve`
+#                                                 #         alternating at C=1, /metrics scraped around each run
+#
 # CARRY (a folder under the repo, named in the call's `carry`) holds the vLLM pieces + manifest.json
 # (scripts/vllm_carry.py pack) and, in call 1, setup.tar.xz: this branch's changed files (overlay/), the model
 # directory (models/qwen2.5-14b-fullvocab: config.json + tokenizer), the request lists for `vllm bench serve`
@@ -29,6 +36,10 @@ if [ -f "$carry/setup.tar.xz" ] && [ ! -d "$W/repo" ]; then
     tar -xJf "$carry/setup.tar.xz" -C "$W"
     cp -r "$W/overlay/." "$W/repo/"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$W/site_p6" "$W"/p6whl/*.whl
+    if [ -d "$W/stepwhl" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$W/site_step" \
+            "$W"/stepwhl/*.whl
+    fi
 fi
 if [ ! -d "$W/repo" ]; then
     echo "vllm_h200_run: $W/repo missing: a fresh machine (call 1 did not run on this one); start again at call 1"
@@ -109,8 +120,82 @@ rollout)
         el "6D vllm logprobs rc=$?"
     fi
     ;;
+step_hf)
+    export PYTHONPATH=$W/site_step:$W/repo/src
+    python3 -c "import trl, datasets; print('trl', trl.__version__, 'datasets', datasets.__version__)" 2>&1 | tail -3
+    el "6D GRPO step, HF engine"
+    timeout 420 python3 projects/6d_grpo/bench.py --part step --out "$OUT/step_hf.json" > "$OUT/step_hf.log" 2>&1
+    el "6D step hf rc=$?"
+    ;;
+step_vllm)
+    export PYTHONPATH=/tmp/site:$W/site_step:$W/repo/src
+    el "6D GRPO step, vLLM colocate"
+    timeout 500 python3 projects/6d_grpo/bench.py --part step --step-engine vllm --out "$OUT/step_vllm.json" \
+        > "$OUT/step_vllm.log" 2>&1
+    el "6D step vllm rc=$?"
+    ;;
+ttft)
+    # The C=1 TTFT offset between the clients (docs/benchmarks.md): both on ONE server, alternating, the server's
+    # own histograms (/metrics) scraped before and after every run.
+    export PYTHONPATH=/tmp/site:$W/repo/src
+    T=$W/runs/ttft
+    mkdir -p "$T"
+    scrape() { python3 -c "import urllib.request as u, sys; open(sys.argv[1], 'wb').write(u.urlopen('http://127.0.0.1:8000/metrics', timeout=10).read())" "$1"; }
+    el "vllm serve start"
+    python3 -m vllm.entrypoints.cli.main serve "$M" --host 127.0.0.1 --port 8000 \
+        --served-model-name qwen2.5-14b-dummy --tensor-parallel-size 1 --dtype bfloat16 --max-model-len 4096 \
+        --load-format dummy --gpu-memory-utilization 0.9 --max-num-seqs 256 --max-num-batched-tokens 8192 \
+        --no-enable-prefix-caching --seed 0 > "$OUT/vllm_server.log" 2>&1 &
+    srv=$!
+    ready=0
+    for _ in $(seq 1 300); do
+        if ! kill -0 $srv 2>/dev/null; then break; fi
+        if python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then
+            ready=1
+            break
+        fi
+        sleep 1
+    done
+    el "vllm ready=$ready"
+    n=$(python3 -c "import json; print([e['requests'] for e in json.load(open('$W/vreq/index.json')) if e['concurrency'] == 1][0])")
+    p6() {
+        scrape "$T/$1.before.prom"
+        timeout 90 python3 -m phase6 serve-bench experiment=gpu_h200_vllm serve.endpoint=http://127.0.0.1:8000 \
+            serve.model="$M" serve.plan_model="$M/config.json" load.concurrency=1 run.dir="$T/$1" "${@:2}" \
+            >> "$OUT/ttft.log" 2>&1
+        el "phase6 $1 rc=$?"
+        scrape "$T/$1.after.prom"
+    }
+    vb() {
+        scrape "$T/$1.before.prom"
+        timeout 90 python3 -m vllm.entrypoints.cli.main bench serve --backend openai-chat \
+            --base-url http://127.0.0.1:8000 --endpoint /v1/chat/completions --model qwen2.5-14b-dummy \
+            --tokenizer "$M" --dataset-name custom --dataset-path "$W/vreq/c1.jsonl" --custom-output-len -1 \
+            --skip-chat-template --disable-shuffle --num-prompts "$n" --max-concurrency 1 --request-rate inf \
+            --ignore-eos --temperature 0 --num-warmups 1 --percentile-metrics ttft,tpot,itl,e2el \
+            --metric-percentiles 50,99 --save-result --save-detailed --result-dir "$T" \
+            --result-filename "$1.json" >> "$OUT/ttft.log" 2>&1
+        el "vllm bench $1 rc=$?"
+        scrape "$T/$1.after.prom"
+    }
+    if [ $ready = 1 ]; then
+        p6 p6_a
+        vb vb_a
+        # phase6's body with vllm bench's stream_options (no per-chunk usage): does continuous_usage_stats cost TTFT?
+        p6 p6nc_a '+load.extra_body.stream_options={include_usage: true}'
+        vb vb_b
+        p6 p6_b
+        if [ $(($(date +%s) - t0)) -lt 420 ]; then
+            p6 p6nc_b '+load.extra_body.stream_options={include_usage: true}'
+        fi
+    fi
+    kill $srv 2>/dev/null
+    wait $srv 2>/dev/null
+    tar --exclude='*.png' -cJf "$OUT/ttft_runs.tar.xz" -C "$W/runs" ttft 2>/dev/null
+    el "done"
+    ;;
 *)
-    echo "vllm_h200_run: unknown step $step (tp | serve | rollout)"
+    echo "vllm_h200_run: unknown step $step (tp | serve | rollout | step_hf | step_vllm | ttft)"
     exit 2
     ;;
 esac

@@ -2,6 +2,7 @@
 
     python projects/6d_grpo/bench.py                                  # throughput + ablations + ops + check (~4 min)
     python projects/6d_grpo/bench.py --part step                      # + trl, datasets (carried wheels on the H200)
+    python projects/6d_grpo/bench.py --part step --step-engine vllm   # the same step with the colocated vLLM engine
     python projects/6d_grpo/bench.py --part all --out bench.json
     python projects/6d_grpo/bench.py --cpu-check                      # 2-layer model on CPU: checks the script only
 
@@ -31,9 +32,12 @@ Parts (``--part``, comma-separated):
   from (512, 151936) bf16 logits (generate's float32 copy + EOS processor + softmax + multinomial vs Gumbel-max).
 - check: correctness on the GPU at a small fp32 shape: greedy tokens and decode-time log-probs of the loop with CUDA
   graphs vs the eager loop and vs plain ``generate`` / a scoring forward.
-- step: ``EngineGRPOTrainer`` (HF engine, decode loop) for ``--steps`` optimizer steps at the same shape
-  (max_completion_length 512, sampled, not forced), beta 0.001 (reference forward on), mean per-phase breakdown of
-  the steps after the first.
+- step: ``EngineGRPOTrainer`` for ``--steps`` optimizer steps at the same shape (max_completion_length 512, sampled,
+  not forced), beta 0.001 (reference forward on), mean per-phase breakdown of the steps after the first, the weight
+  sync (mechanism, tensors, bytes, ms) and the lag-0 rollout/training log-prob mismatch, then one row per step.
+  ``--step-engine hf`` (default): HF engine (``--step-decode``); ``--step-engine vllm``: the colocated vLLM engine
+  from ``phase6.rollout.vllm.build_vllm_engine``, the builder ``phase6 grpo engine=vllm`` uses (needs vllm, trl and
+  datasets importable; on the lent H200: scripts/vllm_h200_run.sh step_hf / step_vllm).
 
 tokens/s = generated tokens / generate wall-clock (CUDA-synchronized); ms_per_token_step = generate wall-clock / new
 tokens per row (prefill included). The behaviour log-probs are off unless ``--logprobs`` (the loop computes them inside
