@@ -338,7 +338,7 @@ DISTSERVE_GRID = {
     "summarization": (tuple(0.0625 * k for k in range(1, 11)), 25),
     "chatbot": ((0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75), 25),
 }
-DISTSERVE_DRAWS = 8
+DISTSERVE_DRAWS = 16
 """Poisson draws averaged per grid point (DistServe ran one per point; the mean is the expected curve)."""
 
 
@@ -353,10 +353,10 @@ def grid_rate(attain: Callable[[float], float], rates: tuple[float, ...], target
         ys.append(attain(xs[-1]))
     if ys[0] < target:
         return xs[0], f"below {target:.0%} already at {xs[0]:g}: read as {xs[0]:g}"
-    past = f" (measured past its grid's last rate {rates[-1]:g})" if len(xs) > len(rates) else ""
+    past = f"measured past its grid's last rate {rates[-1]:g}" if len(xs) > len(rates) else ""
     for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:], strict=False):
         if y1 < target:
-            return x0 + (target - y0) * (x1 - x0) / (y1 - y0), past.strip()
+            return x0 + (target - y0) * (x1 - x0) / (y1 - y0), past
     return xs[-1], f"above {target:.0%} up to {xs[-1]:g}"
 
 
