@@ -22,6 +22,7 @@ Sources (numbers as the papers state them):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -35,7 +36,7 @@ from phase6.config import CONFIG_DIR, HardwareConfig
 from phase6.config.fleet import EngineConfig
 from phase6.config.slo import SLOConfig
 from phase6.fleet.analysis import max_rate_within_slo, summarize
-from phase6.fleet.results import Topology
+from phase6.fleet.results import SimResult, Topology
 from phase6.fleet.setup import FleetSetup
 from phase6.fleet.sim import EngineLimits, simulate
 from phase6.fleet.steptime import TableStepTime, build_step_model, kv_capacity_blocks, kv_transfer_s
@@ -260,6 +261,15 @@ DistServe's evaluation/2-benchmark-serving/0-prepare-dataset.py builds them (OPT
 171.3 / 98.2, ShareGPT 770.0 / 200.7."""
 
 
+DISTSERVE_HOW = {
+    "code completion": "HumanEval's 164 requests (prompt / canonical solution, OPT tokens; means 171 / 98)",
+    "summarization": "LongBench prompts as DistServe truncates them: min(2040 - answer, U[1900, 2048]); answers "
+    "approximated U[30, 140] (LongBench is not in shared/data)",
+    "chatbot": "ShareGPT requests as DistServe samples them (first k turns as the prompt; means 770 / 201)",
+}
+
+
+@functools.cache
 def _dataset_lengths(name: str) -> np.ndarray:
     rows = [ln.split(",") for ln in DISTSERVE_LENGTHS.read_text().splitlines()[1:]]
     return np.asarray([(int(p), int(o)) for d, p, o in rows if d == name], dtype=np.int64)
@@ -273,20 +283,10 @@ def distserve_lengths(name: str, n: int, rng: np.random.Generator) -> tuple[np.n
         # is DistServe's truncation of the context, min(2040 - answer, uniform integer in [1900, 2048]) (its
         # 0-prepare-dataset.py; every LongBench context is longer than that)
         out = rng.integers(30, 141, n)
-        return (
-            np.minimum(2040 - out, rng.integers(1900, 2049, n)),
-            out,
-            "LongBench prompts as DistServe truncates them: min(2040 - answer, U[1900, 2048]); answers approximated "
-            "U[30, 140] (LongBench is not in shared/data)",
-        )
+        return np.minimum(2040 - out, rng.integers(1900, 2049, n)), out, DISTSERVE_HOW[name]
     pairs = _dataset_lengths("humaneval" if name == "code completion" else "sharegpt")
     pick = pairs[rng.integers(0, len(pairs), n)]
-    how = (
-        "HumanEval's 164 requests (prompt / canonical solution, OPT tokens; means 171 / 98)"
-        if name == "code completion"
-        else "ShareGPT requests as DistServe samples them (first k turns as the prompt; means 770 / 201)"
-    )
-    return pick[:, 0], pick[:, 1], how
+    return pick[:, 0], pick[:, 1], DISTSERVE_HOW[name]
 
 
 DISTSERVE = {
@@ -303,16 +303,17 @@ DISTSERVE_VLLM = EngineConfig(
 prompts in prefill-only steps, preemption by recompute)."""
 
 
-def distserve_run(w: Workload, spec: ModelSpec, hw: HardwareConfig, system: str) -> Any:
+def distserve_run(w: Workload, spec: ModelSpec, hw: HardwareConfig, system: str) -> SimResult:
     """One simulated run of DistServe's OPT-66B setup on one 8-GPU node. ``system`` "vllm": one vLLM TP4 instance
     (4 GPUs). "distserve": its chosen placement (2-start-api-server.py, MODEL_TO_PARALLEL_PARAMS["facebook/opt-66b"]
     = context TP4 PP1, decoding TP2 PP2; 8 GPUs): a prefill instance (whole prompts FCFS, <= 128 per step and <= 8192
     tokens) and a decoding instance whose two pipeline stages keep two disjoint batches in flight
     (decoding_stage_scheduler.py), simulated as two decode replicas, each a full TP2 step per token and half the
     instance's KV (4 GPUs holding a quarter of the weights each), KV moved over NVLink (same node)."""
-    kv4 = kv_capacity_blocks(spec, hw, DISTSERVE_VLLM)
+    v = DISTSERVE_VLLM
+    kv4 = kv_capacity_blocks(spec, hw, v)
     if system == "vllm":
-        lim = EngineLimits(1024, 16384, kv4, False, True)
+        lim = EngineLimits(v.max_num_seqs, v.max_batched_tokens, kv4, v.chunked_prefill, True)
         return simulate(w, ProfileStepTime("vllm", 4), lim, Topology(colocated=1), "least_loaded", tp=4, engine="heapq")
     pre = EngineLimits(128, 8192, kv4, False, False)
     # its KV in 16-token blocks (--block-size 16), allocated as tokens are written, swapped out when full
@@ -405,7 +406,7 @@ def distserve(n: int, log: Callable[[str], None]) -> list[Claim]:
             Claim(
                 "DistServe OSDI'24 §6.2",
                 f"{name}: goodput per GPU vs vLLM",
-                f"OPT-66B on A100-80GB; {how_of(name)}; Poisson; SLO TTFT {ttft:g} s, TPOT {tpot:g} s (Table 1), "
+                f"OPT-66B on A100-80GB; {DISTSERVE_HOW[name]}; Poisson; SLO TTFT {ttft:g} s, TPOT {tpot:g} s (Table 1), "
                 "90 %; step times = DistServe's fitted A100 profiles of each engine (simdistserve profile_data); "
                 "vLLM 0.2: one TP4 instance (16384 batched tokens, 1024 seqs, prefill-only steps) vs DistServe's "
                 "placement: prefill TP4 + decode TP2xPP2 (two batches in flight; 16-token KV blocks, swap when "
@@ -420,10 +421,6 @@ def distserve(n: int, log: Callable[[str], None]) -> list[Claim]:
             )
         )
     return out
-
-
-def how_of(name: str) -> str:
-    return distserve_lengths(name, 1, np.random.default_rng(0))[2]
 
 
 SPLITWISE_SLO = {"ttft": (2.0, 3.0, 6.0), "tbt": (1.25, 1.5, 5.0), "e2e": (1.25, 1.5, 5.0)}
