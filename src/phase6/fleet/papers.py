@@ -290,10 +290,13 @@ def distserve_lengths(name: str, n: int, rng: np.random.Generator) -> tuple[np.n
 
 
 DISTSERVE = {
-    # workload: (TTFT s, TPOT s, published gain, published label); SLOs from DistServe Table 1 (OPT-66B)
+    # workload: (TTFT s, TPOT s, published gain, published label); SLOs from DistServe Table 1 (OPT-66B). The gains as
+    # its artifact's plot notebook printed them (evaluation/2-benchmark-serving/plot.ipynb, "Improvement (DistServe
+    # compared to vLLM)" at 90 %): code completion 5.72, summarization 4.24, chatbot 4.6 / 2.75 / 1.99 for OPT-13B /
+    # 66B / 175B (the paper: 5.7x, 4.3x, 2.0-4.6x); the chatbot row is OPT-66B's, so it is held to 2.75
     "code completion": (0.125, 0.2, 5.7, "5.7x"),
     "summarization": (15.0, 0.15, 4.3, "4.3x"),
-    "chatbot": (2.5, 0.15, 3.3, "2.0-4.6x"),
+    "chatbot": (2.5, 0.15, 2.75, "2.0-4.6x (OPT-66B: 2.75x)"),
 }
 DISTSERVE_VLLM = EngineConfig(
     tp=4, max_num_seqs=1024, max_batched_tokens=16384, gpu_memory_utilization=0.95, chunked_prefill=False
@@ -333,11 +336,12 @@ def distserve_run(w: Workload, spec: ModelSpec, hw: HardwareConfig, system: str)
 
 
 DISTSERVE_GRID = {
-    # how DistServe measured each curve (evaluation/ae-scripts/e2e/_plot.py plot_fig8_upper / plot_fig9 and
-    # opt-66b-{vllm,distllm}-client.sh): the per-GPU rates it ran each system at, and prompts per GPU per run
+    # how DistServe measured each curve (evaluation/2-benchmark-serving/plot.ipynb plot_fig8_upper / plot_fig9, the
+    # notebook whose printed ratios are the paper's; ae-scripts/e2e/opt-66b-*-client.sh): the per-GPU rates it ran
+    # each system at, and prompts per GPU per run
     "code completion": ((0.125, 0.375, 0.625, 0.875, 1.125, 1.375, 1.625, 1.875, 2.125), 50),
     "summarization": (tuple(0.0625 * k for k in range(1, 11)), 25),
-    "chatbot": ((0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75), 25),
+    "chatbot": ((0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0), 25),
 }
 DISTSERVE_DRAWS = 16
 """Poisson draws averaged per grid point (DistServe ran one per point; the mean is the expected curve)."""
@@ -382,12 +386,14 @@ def distserve(n: int, log: Callable[[str], None]) -> list[Claim]:
         def attainment(w: Workload, system: str, slo: SLOConfig = slo) -> dict[str, Any]:
             return summarize(distserve_run(w, spec, hw, system), slo, hw)
 
-        grid, long = {}, {}
+        grid, long, curves = {}, {}, {}
         for system, gpus in systems:
+            curve = curves[system] = []
 
-            def attain(x: float, system: str = system, gpus: int = gpus, k: int = per_gpu_prompts) -> float:
+            def attain(x: float, system: str = system, gpus: int = gpus, k: int = per_gpu_prompts, c=curve) -> float:
                 runs = [workload(k * gpus, x * gpus, 100 + d) for d in range(DISTSERVE_DRAWS)]
-                return float(np.mean([attainment(w, system)["slo_attainment"] for w in runs]))
+                c.append((x, float(np.mean([attainment(w, system)["slo_attainment"] for w in runs]))))
+                return c[-1][1]
 
             grid[system] = grid_rate(attain, rates)
             w = workload(n, 1.0, 7)
@@ -402,6 +408,11 @@ def distserve(n: int, log: Callable[[str], None]) -> list[Claim]:
             f"{ratio:.2f}x{f' ({notes})' if notes else ''}; {n}-request capacity {l_v:.3g} vs {l_d:.3g} -> "
             f"{l_ratio:.2f}x"
         )
+        for system, curve in curves.items():
+            log(
+                f"papers: DistServe {name}: {system} attainment by per-GPU rate "
+                + " ".join(f"{x:g}:{y:.2f}" for x, y in curve)
+            )
         out.append(
             Claim(
                 "DistServe OSDI'24 §6.2",
@@ -416,7 +427,7 @@ def distserve(n: int, log: Callable[[str], None]) -> list[Claim]:
                 label,
                 f"{g_d:.3g} vs {g_v:.3g} req/s/GPU ({ratio:.2f}x){f'; {notes}' if notes else ''}",
                 ratio > 1,
-                (2.0 / FACTOR <= ratio <= 4.6 * FACTOR) if name == "chatbot" else _ratio_ok(ratio, pub),
+                _ratio_ok(ratio, pub),
                 f"capacity over {n} requests (bisection): {l_d:.3g} vs {l_v:.3g} req/s/GPU ({l_ratio:.2f}x)",
             )
         )
