@@ -105,8 +105,8 @@ def test_grid_rate_reads_a_curve_as_distserve_does() -> None:
         return 1.0 - 0.2 * x  # crosses 0.9 at 0.5
 
     assert grid_rate(curve, (0.25, 0.75, 1.25)) == (pytest.approx(0.5), "")
-    rate, why = grid_rate(curve, (0.6, 0.8))  # below 90 % at the first rate: DistServe reads the first rate
-    assert rate == 0.6 and "read as 0.6" in why
+    rate, why = grid_rate(curve, (0.6, 0.8))  # below 90 % from the first rate on: DistServe reads the first rate
+    assert rate == 0.6 and "(88% at 0.6): read as 0.6" in why
     rate, why = grid_rate(curve, (0.1, 0.2))  # above at the last rate: measured on at the grid's step
     assert rate == pytest.approx(0.5) and "past its grid's last rate 0.2" in why
 

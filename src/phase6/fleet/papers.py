@@ -349,20 +349,18 @@ DISTSERVE_DRAWS = 16
 
 def grid_rate(attain: Callable[[float], float], rates: tuple[float, ...], target: float = 0.9) -> tuple[float, str]:
     """DistServe's reading of a curve (_plot.py ``find_intersection``): the first crossing of ``target`` between
-    two measured rates, linearly interpolated; a curve below the target at its first rate is read as that rate
-    (DistServe's fallback, a warning there). A curve still above the target at its last rate is measured on at
-    the same step until it crosses (DistServe's own curves crossed inside their grids)."""
+    two measured rates, linearly interpolated; a curve that never crosses is read as its first rate (DistServe's
+    fallback, a warning there). A curve still above the target at its last rate is first measured on at the same
+    step until it drops below (DistServe's own curves crossed inside their grids)."""
     xs, ys = list(rates), [attain(x) for x in rates]
     while ys[-1] >= target and len(xs) < 4 * len(rates):
         xs.append(xs[-1] + xs[-1] - xs[-2])
         ys.append(attain(xs[-1]))
-    if ys[0] < target:
-        return xs[0], f"below {target:.0%} already at {xs[0]:g}: read as {xs[0]:g}"
     past = f"measured past its grid's last rate {rates[-1]:g}" if len(xs) > len(rates) else ""
     for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:], strict=False):
-        if y1 < target:
+        if (y0 < target) != (y1 < target):
             return x0 + (target - y0) * (x1 - x0) / (y1 - y0), past
-    return xs[-1], f"above {target:.0%} up to {xs[-1]:g}"
+    return xs[0], f"never crosses {target:.0%} ({ys[0]:.0%} at {xs[0]:g}): read as {xs[0]:g}"
 
 
 def distserve(n: int, log: Callable[[str], None]) -> list[Claim]:
