@@ -24,8 +24,9 @@ padded (batch, KV length) shape then a prefill forward of the admitted prompts p
 cache. Decode-only runs work the same way, with the longest running context in place of the context sum.
 
 PD disaggregation: prefill replicas only prefill; at the end of a prompt the request reserves KV on the least-loaded
-decode replica (waiting there if full), its KV is sent over the prefill replica's link (FIFO, bytes / bandwidth),
-and it joins the decode replica's batch at its next step boundary. TTFT ends with the prefill (first token comes from
+decode replica (waiting there if full; with ``EngineLimits.decode_swap`` only its prompt's, grown per token and
+swapped out when full: ``phase6.fleet.preempt``), its KV is sent over the prefill replica's link (FIFO, bytes /
+bandwidth), and it joins the decode replica's batch at its next step boundary. TTFT ends with the prefill (first token comes from
 the prefill replica); the transfer delays token 2 and so shows in TPOT.
 """
 
