@@ -35,13 +35,13 @@ def track(rep: Any, r: Any) -> None:
     """``r`` joined ``rep``'s decode batch at replica step ``rep.steps``, holding the blocks of its prompt: schedule
     its first block growth, if its answer reaches a new block before it finishes."""
     r.join_step = rep.steps
-    r.held = -(-r.n_in // BLOCK_TOKENS)
+    r.held = -(-r.n_in // rep.block_tokens)
     _push(rep, r)
 
 
 def _push(rep: Any, r: Any) -> None:
     # step j after joining writes position n_in + j, so it needs ceil((n_in + j + 1) / 512) blocks
-    at = r.join_step + BLOCK_TOKENS * r.held - r.n_in
+    at = r.join_step + rep.block_tokens * r.held - r.n_in
     if at < r.join_step + r.n_out - 1:  # the last decode step is join_step + n_out - 2
         heapq.heappush(rep.bheap, (at, r.i, r.bgen, r))
 
@@ -86,6 +86,9 @@ def preempt(rep: Any, r: Any, now: float) -> None:
     sim = rep.sim
     r.bgen += 1
     sim.preemptions += 1
+    if rep.role == "decode":
+        swap_out(rep, r, now)
+        return
     if r.done < r.n_in:  # still prefilling: its prompt blocks past the cached prefix are private, uncommitted
         rep.prefilling.remove(r)
         rep.cache.release(r.hid[: r.m], r.private)
@@ -109,3 +112,28 @@ def preempt(rep: Any, r: Any, now: float) -> None:
     sim.t_wait = now
     sim.n_waiting += 1
     rep.waiting.appendleft(r)
+
+
+def swap_out(rep: Any, r: Any, now: float) -> None:
+    """PD decode replica with ``decode_swap`` (DistServe ``DecodingStageFCFSScheduler``: when the batches' KV
+    exceeds the GPU's blocks it swaps the last request of the batch out to CPU memory, and swapped requests are
+    readmitted first): free ``r``'s blocks and put it at the front of the replica's queue for KV room; when it gets
+    room its KV comes back (priced as a KV transfer of its context) and it decodes on from where it stopped."""
+    sim = rep.sim
+    rep.dheap.remove(next(e for e in rep.dheap if e[2] is r))
+    heapq.heapify(rep.dheap)
+    done = rep.steps - r.join_step  # decode steps it took part in here
+    rep.n_dec -= 1
+    rep.ctx_sum -= r.n_in + 1 + done
+    rep.cache.release((), r.private)
+    rep.reserved -= 1
+    if done:  # its last token came at the end of the previous step
+        r.last_tok = now
+    elif not r.resumed:  # swapped before its first decode step: its last token is the prefill's
+        r.last_tok = sim.first[r.i]
+    # it holds KV for n_in + done tokens and needs n_out - 1 - done more decode steps: rejoin as a request with that
+    # context whose first token is already out (join adds 1 to the context, its last step is n_out - 1 steps later)
+    r.n_in += done
+    r.n_out -= done
+    r.resumed = True
+    rep.reserve_q.appendleft(r)

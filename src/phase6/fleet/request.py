@@ -64,3 +64,10 @@ class EngineLimits:
     incremental_kv: bool = False
     """True: colocated replicas allocate KV as tokens are written and preempt by recompute when it runs out
     (``phase6.fleet.preempt``, vLLM); False: the whole output is reserved at admission."""
+    decode_swap: bool = False
+    """PD decode replicas: False (default) reserve KV for the whole output when a request's transfer starts; True
+    allocate it as tokens are written, in ``block_tokens`` blocks, and when none is free swap the most recently
+    joined request out to host memory (DistServe's decoding scheduler: ``phase6.fleet.preempt``)."""
+    block_tokens: int = 512
+    """KV block size of a PD decode replica's accounting (``kv_blocks`` counts blocks of this size there);
+    colocated and prefill replicas use 512-token blocks, the prefix-hash granularity."""

@@ -24,8 +24,9 @@ padded (batch, KV length) shape then a prefill forward of the admitted prompts p
 cache. Decode-only runs work the same way, with the longest running context in place of the context sum.
 
 PD disaggregation: prefill replicas only prefill; at the end of a prompt the request reserves KV on the least-loaded
-decode replica (waiting there if full), its KV is sent over the prefill replica's link (FIFO, bytes / bandwidth),
-and it joins the decode replica's batch at its next step boundary. TTFT ends with the prefill (first token comes from
+decode replica (waiting there if full; with ``EngineLimits.decode_swap`` only its prompt's, grown per token and
+swapped out when full: ``phase6.fleet.preempt``), its KV is sent over the prefill replica's link (FIFO, bytes /
+bandwidth), and it joins the decode replica's batch at its next step boundary. TTFT ends with the prefill (first token comes from
 the prefill replica); the transfer delays token 2 and so shows in TPOT.
 """
 
@@ -72,6 +73,9 @@ class Replica:
         self.chunked = limits.chunked_prefill
         self.cache = PrefixCache(limits.kv_blocks, host)
         self.grows = limits.incremental_kv and role == "colocated" and not sim.padded  # KV grows per token
+        self.block_tokens = BLOCK_TOKENS
+        if role == "decode" and limits.decode_swap:  # DistServe: grows per token, swaps out when full
+            self.grows, self.block_tokens = True, limits.block_tokens
         self.bheap: list[tuple[int, int, int, _Req]] = []  # (step of the next block growth, index, generation, req)
         self.log = StepLog()  # decode steps (token gaps of the running requests)
         self.run_dec = True  # the current step advances the decodes (False: a V0 prefill-only step)
@@ -154,6 +158,8 @@ class Replica:
 
     def _start_step(self, now: float) -> None:
         self.run_dec, self.load_s = True, 0.0
+        if self.role == "decode" and self.ready:
+            self._join_ready(now)
         preempted = grow(self, now) if self.bheap and self.bheap[0][0] <= self.steps else 0  # new KV blocks
         if self.padded:
             self._start_step_padded(now)
@@ -161,14 +167,6 @@ class Replica:
         if not self.chunked and self.role != "decode" and self.waiting:
             self._start_step_v0(now)
             return
-        if self.role == "decode" and self.ready:
-            sim = self.sim
-            for r in self.ready:
-                sim.join[r.i], sim.drep[r.i] = now, self.rid
-                heapq.heappush(self.dheap, (self.steps + r.n_out - 1, r.i, r))
-                self.n_dec += 1
-                self.ctx_sum += r.n_in + 1
-            self.ready = []
         # Token budget (vLLM V1 order): one token per running decode, then running prefills, then new admissions.
         # A waiting request is admitted only while this step still has budget, so KV is allocated when its first
         # chunk runs, not while it queues (queued prompts would otherwise pin KV and evict the prefix cache).
@@ -248,6 +246,23 @@ class Replica:
             self.shapes.add((n, width))
             step_s = model.padded_step_s(n, width, self.n_dec, max_ctx, new_shape=new)
         self._launch(now, step_s, model.padded_decode_run_s, max_ctx)
+
+    def _join_ready(self, now: float) -> None:
+        """Decode role: requests whose KV arrived join the batch at this step boundary (before this step's block
+        growth, which a joining request may already need: ``decode_swap``)."""
+        sim = self.sim
+        for r in self.ready:
+            sim.join[r.i], sim.drep[r.i] = now, self.rid
+            heapq.heappush(self.dheap, (self.steps + r.n_out - 1, r.i, r))
+            self.n_dec += 1
+            self.ctx_sum += r.n_in + 1
+            if self.grows:
+                sim.admissions += 1
+                r.adm = sim.admissions
+                track(self, r)
+                if r.resumed:  # swapped back in: its gaps restart from its last token before the swap
+                    sim.gap_from[r.i], sim.gap_n[r.i] = r.last_tok, r.n_out
+        self.ready = []
 
     def _launch(
         self, now: float, step_s: float | None, decode_run_s: Callable[[int, int, int], float], ctx: int
@@ -368,7 +383,8 @@ class Replica:
         q = self.reserve_q
         while q and self.reserved < self.max_seqs:
             r = q[0]
-            need = -(-(r.n_in + r.n_out) // BLOCK_TOKENS)
+            # whole output reserved, or (decode_swap) the KV it holds now: its prompt (+ tokens before a swap)
+            need = -(-(r.n_in if self.grows else r.n_in + r.n_out) // self.block_tokens)
             if not self.cache.acquire((), 0, need):
                 break
             q.popleft()
@@ -377,6 +393,9 @@ class Replica:
             self.sim.start_transfer(r, self)
 
     def transfer_done(self, r: _Req) -> None:
+        if r.resumed:  # a swap-in from host memory: nothing held on the prefill side
+            self.join(r)
+            return
         p = r.prefill_rep
         assert p is not None
         p.cache.release(r.hid, r.blocks - len(r.hid) if r.hid else r.blocks)
@@ -444,7 +463,8 @@ class Simulation:
         if topology.is_pd:
             self.front = [Replica(i, "prefill", self, limits, host=ht(i)) for i in range(topology.prefill)]
             d_model, d_limits, self.tp_decode = decode_pool or (model, limits, tp)
-            need = int((-(-(workload.input_tokens + workload.output_tokens) // BLOCK_TOKENS)).max()) if n else 0
+            bt = d_limits.block_tokens if d_limits.decode_swap else BLOCK_TOKENS
+            need = int((-(-(workload.input_tokens + workload.output_tokens) // bt)).max()) if n else 0
             if need > d_limits.kv_blocks:
                 raise ValueError(
                     f"{workload.source}: a request needs {need} KV blocks but a decode replica (tp "
@@ -575,6 +595,9 @@ class Simulation:
         p = r.prefill_rep
         assert p is not None and self.kv_transfer_s is not None
         now = self.loop.now
+        if r.resumed:  # swap-in of a request swapped out of d (decode_swap), priced as a KV transfer of its context
+            self.loop.call_in(self.kv_transfer_s(r.n_in), _TransferDone(d, r), None)
+            return
         start = max(now, p.link_free_s)
         p.link_free_s = start + self.kv_transfer_s(r.n_in)
         self.loop.call_in(p.link_free_s - now, _TransferDone(d, r), None)
