@@ -116,9 +116,9 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
         learning_rate=d.learning_rate,
         num_train_epochs=d.num_epochs,
         max_steps=d.max_steps,
-        per_device_train_batch_size=d.per_device_batch_size,
-        per_device_eval_batch_size=d.per_device_batch_size,
-        gradient_accumulation_steps=d.grad_accum,
+        per_device_train_batch_size=d.micro_batch_size,
+        per_device_eval_batch_size=d.micro_batch_size,
+        gradient_accumulation_steps=d.grad_accum_steps,
         max_length=d.max_length,
         gradient_checkpointing=d.gradient_checkpointing,
         warmup_steps=d.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of the total steps

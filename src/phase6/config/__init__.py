@@ -11,9 +11,11 @@ Layout (see docs/configs.md):
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import importlib.util
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,6 +286,34 @@ JOBS: dict[str, JobSpec] = {
         "phase6.config.serve:ServeBenchRunConfig", "projects/6b_serving/serve_bench.py:main", "6B serving table row"
     ),
 }
+
+
+# Keys renamed so that one concept has one name in every job (docs/configs.md "Names"); the old spelling is refused
+# with the one-line unknown-key error, which names the new key.
+RENAMED_KEYS: dict[str, str] = {
+    "dpo.per_device_batch_size": "dpo.micro_batch_size",
+    "dpo.grad_accum": "dpo.grad_accum_steps",
+    "plan.micro_batch": "plan.micro_batch_size",
+    "train.total_batch_tokens": "train.global_batch_tokens",
+}
+
+
+def key_hint(job: str, key: str) -> str:
+    """For an unknown dotted ``key`` of ``job``: "renamed to <new key>", or "did you mean <key>?" naming the closest
+    field of the same group, or "" when nothing is close."""
+    if key in RENAMED_KEYS:
+        return f"renamed to {RENAMED_KEYS[key]}"
+    *parents, leaf = key.split(".")
+    cls: Any = schema_of(job)
+    for name in parents:
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        cls = hints.get(name)
+        if cls is None:
+            return ""
+    if not dataclasses.is_dataclass(cls):
+        return ""
+    close = difflib.get_close_matches(leaf, [f.name for f in dataclasses.fields(cls)], n=1, cutoff=0.6)
+    return f"did you mean {'.'.join([*parents, close[0]])}?" if close else ""
 
 
 def load_object(ref: str) -> Any:

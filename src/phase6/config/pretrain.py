@@ -316,7 +316,7 @@ class TrainConfig:
     """Sequences per GPU per forward (B)."""
     seq_len: int | None = None
     """Tokens per sequence (T), at most model.block_size; None = model.block_size."""
-    total_batch_tokens: int = 2048
+    global_batch_tokens: int = 2048
     """Tokens per optimizer step over all GPUs; grad-accum steps = this / (B * T * world)."""
     max_steps: int = 50
     """Optimizer steps of the run (sets the LR schedule length and the token budget)."""
@@ -346,7 +346,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_justify(self, "train")
-        for key in ("micro_batch_size", "total_batch_tokens", "max_steps", "keep_checkpoints"):
+        for key in ("micro_batch_size", "global_batch_tokens", "max_steps", "keep_checkpoints"):
             require(getattr(self, key) > 0, f"train.{key}", f"must be > 0, got {getattr(self, key)}")
         require(self.seq_len is None or self.seq_len > 0, "train.seq_len", f"must be > 0 or null, got {self.seq_len}")
         for key in ("val_every", "val_tokens", "ckpt_every", "dry_run_steps"):
@@ -355,20 +355,20 @@ class TrainConfig:
         require(self.sanity in SANITY_MODES, "train.sanity", f"must be one of {SANITY_MODES}, got {self.sanity!r}")
 
     def grad_accum_steps(self, world_size: int) -> int:
-        """Micro-steps per optimizer step so that B * T * world * accum == total_batch_tokens exactly."""
+        """Micro-steps per optimizer step so that B * T * world * accum == global_batch_tokens exactly."""
         assert self.seq_len is not None, "train.seq_len is resolved by PretrainRunConfig"
         per_micro = self.micro_batch_size * self.seq_len * world_size
         require(
-            self.total_batch_tokens % per_micro == 0,
-            "train.total_batch_tokens",
-            f"({self.total_batch_tokens}) must be divisible by train.micro_batch_size * train.seq_len * "
+            self.global_batch_tokens % per_micro == 0,
+            "train.global_batch_tokens",
+            f"({self.global_batch_tokens}) must be divisible by train.micro_batch_size * train.seq_len * "
             f"world_size ({self.micro_batch_size} * {self.seq_len} * {world_size} = {per_micro})",
         )
-        return self.total_batch_tokens // per_micro
+        return self.global_batch_tokens // per_micro
 
     def total_tokens(self) -> int:
-        """Token budget D of the run (max_steps * total_batch_tokens)."""
-        return self.max_steps * self.total_batch_tokens
+        """Token budget D of the run (max_steps * global_batch_tokens)."""
+        return self.max_steps * self.global_batch_tokens
 
 
 @dataclass
