@@ -106,6 +106,36 @@ def test_bad_input_exits_2_naming_the_key(override: str, key: str) -> None:
     assert key in lines[0] and lines[0].startswith("phase6: error:"), lines[0]
 
 
+@pytest.mark.parametrize(
+    "job,old,new",
+    [
+        ("pretrain", "train.total_batch_tokens=4096", "train.global_batch_tokens"),
+        ("pretrain", "+train.total_batch_tokens=4096", "train.global_batch_tokens"),  # as a YAML file would set it
+        ("dpo", "dpo.per_device_batch_size=2", "dpo.micro_batch_size"),
+        ("dpo", "dpo.grad_accum=2", "dpo.grad_accum_steps"),
+        ("plan", "plan.micro_batch=4", "plan.micro_batch_size"),
+    ],
+)
+def test_renamed_key_fails_naming_the_new_key(job: str, old: str, new: str) -> None:
+    """One name per concept across jobs (docs/configs.md): an old spelling is the one-line unknown-key error, and
+    the line names the key to use; the new key itself composes."""
+    result = runner.invoke(app, ["config", job, old])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in (result.stderr or result.output).strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("phase6: error:"), lines
+    assert old.lstrip("+").split("=")[0] in lines[0] and f"renamed to {new}" in lines[0], lines[0]
+    value = old.split("=")[1]
+    assert load_config(job, [f"{new}={value}"]) is not None
+
+
+def test_unknown_key_suggests_the_closest_field() -> None:
+    with pytest.raises(ConfigError, match=r"train\.micro_bach_size: .*did you mean train\.micro_batch_size\?"):
+        load_config("pretrain", ["train.micro_bach_size=4"])
+    with pytest.raises(ConfigError) as e:  # nothing close: no guess
+        load_config("pretrain", ["train.zzz=1"])
+    assert "did you mean" not in str(e.value)
+
+
 def test_sweep_members_are_all_validated_before_running() -> None:
     assert expand_sweep(["gpus=1,2", "hours=1,3"]) == [
         ["gpus=1", "hours=1"],

@@ -118,22 +118,13 @@ def predict_loss(n_params: float, tokens: float, reference: LossReference = LLMC
 
 
 def spec_from(model: ModelSpec | Any) -> ModelSpec:
-    """A ModelSpec, or one built from a GPT-2 config object with n_layer/n_head/n_embd/block_size (6A ModelConfig)."""
+    """A ModelSpec, or the one 6A's trainer builds from a GPT-2 ModelConfig (``ModelSpec.from_trainer_config``)."""
     if isinstance(model, ModelSpec):
         return model
-    missing = [k for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size") if not hasattr(model, k)]
-    if missing:
-        raise ValueError(f"predict_pretrain: model config lacks {', '.join(missing)}")
-    vocab = getattr(model, "padded_vocab_size", model.vocab_size)
-    return ModelSpec.gpt2(
-        model.n_layer,
-        model.n_head,
-        model.n_embd,
-        vocab,
-        model.block_size,
-        bias=getattr(model, "bias", True),
-        name=getattr(model, "name", None),
-    )
+    try:
+        return ModelSpec.from_trainer_config(model)
+    except ValueError as e:
+        raise ValueError(f"predict_pretrain: {e}") from e
 
 
 @dataclass
