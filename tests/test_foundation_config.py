@@ -128,6 +128,19 @@ def test_renamed_key_fails_naming_the_new_key(job: str, old: str, new: str) -> N
     assert load_config(job, [f"{new}={value}"]) is not None
 
 
+@pytest.mark.parametrize(
+    "job,key",
+    [("pretrain", "train.dtype"), ("pretrain", "model.residual_dtype"), ("eval", "dtype"), ("dpo", "model.dtype")],
+)
+def test_every_dtype_key_spells_bf16_and_fp32(job: str, key: str) -> None:
+    """phase6's dtype keys take bf16 / fp32 (phase6.dtypes maps them to torch and to the engines' bfloat16 / float32);
+    the engines' spelling is refused with a line that says phase6's."""
+    for value in ("bf16", "fp32"):
+        load_config(job, [f"{key}={value}", *(["train.dtype=bf16"] if key == "model.residual_dtype" else [])])
+    with pytest.raises(ConfigError, match=rf"^{key}: must be one of .*got 'bfloat16' \(phase6 spells it bf16\)$"):
+        load_config(job, [f"{key}=bfloat16"])
+
+
 def test_unknown_key_suggests_the_closest_field() -> None:
     with pytest.raises(ConfigError, match=r"train\.micro_bach_size: .*did you mean train\.micro_batch_size\?"):
         load_config("pretrain", ["train.micro_bach_size=4"])
@@ -162,3 +175,17 @@ def test_hardware_profiles_have_source_and_date(name: str) -> None:
     for key in ("peak_bf16_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps", "internode_gbps", "usd_per_gpu_hour"):
         assert isinstance(data[key], (int, float)), key
     assert data["source"] and len(str(data["date"])) == 10
+
+
+def test_dtype_names_become_torch_and_engine_dtypes_in_one_place() -> None:
+    import torch
+
+    from phase6.config import DTYPES
+    from phase6.dtypes import ENGINE_DTYPES, TORCH_DTYPES, engine_dtype, hf_load_dtype, torch_dtype
+
+    assert set(TORCH_DTYPES) == set(ENGINE_DTYPES) == set(DTYPES) - {"auto"}
+    assert torch_dtype("bf16") is torch.bfloat16 and torch_dtype("fp32") is torch.float32
+    assert engine_dtype("bf16") == "bfloat16" and engine_dtype("fp32") == "float32"
+    assert hf_load_dtype("bf16", cuda=True) is torch.bfloat16
+    assert hf_load_dtype("bf16", cuda=False) is torch.float32  # no emulated bf16 matmuls on a CPU-only machine
+    assert hf_load_dtype("auto", cuda=False) == "auto"

@@ -423,7 +423,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         "precision": ("bf16 autocast, fp32 master" if use_bf16 else "fp32")
         + (f", {cfg.model.float8} fp8 block GEMMs" if cfg.model.float8 != "none" else "")
         + (" and lm_head" if cfg.model.float8_lm_head else "")
-        + (", bf16 residual stream" if cfg.model.residual_dtype == "bfloat16" else ""),
+        + (", bf16 residual stream" if cfg.model.residual_dtype == "bf16" else ""),
     }
     notes = {
         "How to read this": (

@@ -143,7 +143,17 @@ class HardwareConfig:
             require(getattr(self, k) >= 0, f"hardware.{k}", f"must be >= 0 (0 = unknown), got {getattr(self, k)}")
 
 
-HF_DTYPES = ("bf16", "fp32", "auto")
+DTYPES = ("auto", "bf16", "fp32")
+"""How every phase6 config key spells a dtype (phase6.dtypes maps them to torch and to the engines' bfloat16 / float32);
+``auto`` is each key's documented default rule."""
+
+
+def check_dtype(value: str, key: str, allowed: tuple[str, ...] = DTYPES) -> None:
+    """The one-line error of a dtype key; an engine's spelling (bfloat16, float32) is told phase6's."""
+    hint = {"bfloat16": " (phase6 spells it bf16)", "float32": " (phase6 spells it fp32)"}.get(value, "")
+    require(value in allowed, key, f"must be one of {list(allowed)}, got {value!r}{hint}")
+
+
 HF_ATTN = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
@@ -172,7 +182,7 @@ class HFModelConfig:
 
     def __post_init__(self) -> None:
         require(bool(self.name_or_path), "model.name_or_path", "must be a hub id, a local directory or 'tiny'")
-        require(self.dtype in HF_DTYPES, "model.dtype", f"must be one of {list(HF_DTYPES)}, got {self.dtype!r}")
+        check_dtype(self.dtype, "model.dtype")
         require(
             self.attn_implementation in HF_ATTN,
             "model.attn_implementation",
