@@ -34,6 +34,14 @@ def test_preset_parameter_counts_match_published(name: str, params: int) -> None
     assert spec.num_params() == params + padding
 
 
+@pytest.mark.parametrize("name", sorted(GPT2_TRAINER))
+def test_gpt2_preset_as_hf_config_is_the_published_checkpoint(name: str) -> None:
+    """What transformers builds from a GPT-2 preset (serve.random_model=gpt2): the HF shape, 50257 rows."""
+    from phase6.plan.model import load_hf_fields
+
+    assert ModelSpec.from_hf_config(load_hf_fields(name)).num_params() == PUBLISHED[name]
+
+
 @pytest.mark.parametrize("preset,trainer_preset", sorted(GPT2_TRAINER.items()))
 def test_planner_gpt2_is_the_model_the_trainer_builds(preset: str, trainer_preset: str) -> None:
     """One description of each GPT-2 shape: the planner's count (from the preset file and from `phase6 plan

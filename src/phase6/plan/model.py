@@ -352,6 +352,23 @@ def load_preset(name: str) -> dict[str, Any]:
     return _load_yaml_with_defaults(path)
 
 
+def load_hf_fields(name: str) -> dict[str, Any]:
+    """A preset as HF config.json fields (what transformers builds from): a 6A trainer description becomes the
+    GPT2Config of the same shape (its real vocabulary: the HF export drops the padding rows)."""
+    fields = load_preset(name)
+    if "block_size" not in fields:
+        return fields
+    keys = ("n_layer", "n_head", "n_embd", "vocab_size")
+    return {
+        "name": fields.get("name", name),
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        **{k: fields[k] for k in keys},
+        "n_positions": fields["block_size"],
+        "n_ctx": fields["block_size"],
+    }
+
+
 def _load_yaml_with_defaults(path: Path) -> dict[str, Any]:
     """A group option's mapping with the ``/<group>@_here_: <option>`` entries of its defaults list merged in, in
     Hydra's order (entries before ``_self_`` are overridden by the file's own keys); what ``phase6 plan`` composes."""
