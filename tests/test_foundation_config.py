@@ -189,3 +189,26 @@ def test_dtype_names_become_torch_and_engine_dtypes_in_one_place() -> None:
     assert hf_load_dtype("bf16", cuda=True) is torch.bfloat16
     assert hf_load_dtype("bf16", cuda=False) is torch.float32  # no emulated bf16 matmuls on a CPU-only machine
     assert hf_load_dtype("auto", cuda=False) == "auto"
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_key_hint_reads_every_group_of_every_job(job: str) -> None:
+    """The hint is built inside the error path: it must work for every nested group (a failure there would replace
+    the one line with a traceback); a one-letter typo of a real field is found."""
+    import dataclasses
+    import typing
+
+    from phase6.config import key_hint, schema_of
+
+    def groups(cls: type, prefix: str) -> list[tuple[str, type]]:
+        out = [(prefix, cls)]
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                out += groups(hints[f.name], f"{prefix}{f.name}.")
+        return out
+
+    for prefix, cls in groups(schema_of(job), ""):
+        name = max((f.name for f in dataclasses.fields(cls)), key=len)
+        typo = name[:-1] + ("x" if name[-1] != "x" else "y")
+        assert key_hint(job, f"{prefix}{typo}") == f"did you mean {prefix}{name}?", (prefix, typo)
