@@ -23,7 +23,7 @@ import yaml
 
 def load_run(run_dir: Path) -> dict[str, Any]:
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    tokens_per_step = cfg["train"]["total_batch_tokens"]
+    tokens_per_step = cfg["train"]["global_batch_tokens"]
     val: dict[int, float] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)

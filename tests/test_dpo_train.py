@@ -38,9 +38,9 @@ def tiny(seed: int = 0) -> tuple[Any, Any, Any]:
 def run_cfg(tmp_path: Path, **dpo: Any) -> DPORunConfig:
     train = dict(
         learning_rate=5e-3,
-        grad_accum=1,
+        grad_accum_steps=1,
         max_steps=12,
-        per_device_batch_size=8,
+        micro_batch_size=8,
         max_length=128,
         eval_steps=4,
         logging_steps=2,
@@ -151,7 +151,7 @@ def test_group_by_length_cuts_padding(tmp_path: Path) -> None:
 
     def padding(group: bool) -> int:
         # batch 2: LengthGroupedSampler sorts mega-batches of min(len // (4 * batch), 50) batches
-        cfg = run_cfg(tmp_path, group_by_length=group, per_device_batch_size=2)
+        cfg = run_cfg(tmp_path, group_by_length=group, micro_batch_size=2)
         trainer = build_trainer(cfg, build_tiny_model(tok), tok, splits, False, [])
         assert isinstance(trainer, DPOTrainer)
         total = 0

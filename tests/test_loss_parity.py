@@ -14,7 +14,7 @@ from phase6.bench.loss_parity import compare, load_curve, main
 def fake_run(root: Path, name: str, val: dict[int, float], seed: int = 0, **numerics: object) -> Path:
     d = root / name
     d.mkdir()
-    model = {"name": "gpt2_124m", "float8": "none", "float8_lm_head": False, "residual_dtype": "float32", **numerics}
+    model = {"name": "gpt2_124m", "float8": "none", "float8_lm_head": False, "residual_dtype": "fp32", **numerics}
     (d / "config.yaml").write_text(yaml.safe_dump({"job": "pretrain", "run": {"seed": seed}, "model": model}))
     rows = [{"step": s, "val/loss": v} for s, v in val.items()] + [{"step": 5, "loss": 9.0}]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -52,10 +52,10 @@ def test_lever_outside_the_tolerance_fails(tmp_path: Path) -> None:
 def test_tolerance_floor_applies_when_seeds_agree_closely(tmp_path: Path) -> None:
     runs = [
         fake_run(tmp_path, "s0", {0: 11.0, 10: 6.0}),
-        fake_run(tmp_path, "b", {0: 11.0, 10: 6.015}, residual_dtype="bfloat16"),
+        fake_run(tmp_path, "b", {0: 11.0, 10: 6.015}, residual_dtype="bf16"),
     ]
     rows = compare([load_curve(r) for r in runs], tol=0.02)
-    assert rows[1]["numerics"] == "residual_dtype=bfloat16" and rows[1]["equal_loss"] == "yes"
+    assert rows[1]["numerics"] == "residual_dtype=bf16" and rows[1]["equal_loss"] == "yes"
     assert compare([load_curve(r) for r in runs], tol=0.01)[1]["equal_loss"] == "NO"
 
 

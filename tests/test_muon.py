@@ -231,7 +231,7 @@ def test_planner_counts_newton_schulz_flops() -> None:
     assert newton_schulz_flops(gpt2_hidden_shapes(spec_from(m124)), 5) == pytest.approx(5 * 12 * per_layer)
     assert 5 * 12 * per_layer == pytest.approx(1.522e12, rel=1e-3)
     hw = HardwareConfig()
-    kw = dict(seq_len=1024, micro_batch=64, num_gpus=8, train_tokens=3.25e9)
+    kw = dict(seq_len=1024, micro_batch_size=64, num_gpus=8, train_tokens=3.25e9)
     adamw = predict_pretrain(m124, hw, **kw)  # type: ignore[arg-type]
     muon = predict_pretrain(m124, hw, optimizer="muon", **kw)  # type: ignore[arg-type]
     ns_s = 5 * 12 * per_layer / (NS_EFFICIENCY * hw.peak_bf16_tflops * 1e12)

@@ -321,7 +321,7 @@ def test_fa4_attention_matches_the_fp32_reference_on_gpu() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- numerics levers
-# model.float8 (torchao FP8 GEMMs) and model.residual_dtype=bfloat16. torch._scaled_mm has a CPU kernel, so the FP8
+# model.float8 (torchao FP8 GEMMs) and model.residual_dtype=bf16. torch._scaled_mm has a CPU kernel, so the FP8
 # path runs here for real (slowly); the throughput and the equal-loss check at 124M are GPU benchmarks
 # (docs/benchmarks.md). Tolerance: the levers change rounding, not the model, so on a 30-step overfit of one batch
 # the loss curve must stay within 5 % (relative) of the bf16-autocast default at every step (measured: <= 1.4 %).
@@ -353,7 +353,7 @@ def overfit_curve(cfg: ModelConfig, steps: int = 30, **float8: object) -> tuple[
         {"float8": "tensorwise"},
         {"float8": "rowwise"},
         {"float8": "tensorwise", "float8_lm_head": True},
-        {"residual_dtype": "bfloat16"},
+        {"residual_dtype": "bf16"},
     ],
     ids=lambda c: "+".join(f"{k}={v}" for k, v in c.items()),
 )
@@ -378,7 +378,7 @@ LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
 def test_bf16_residual_stream_is_bf16_between_blocks() -> None:
-    model = GPT(dataclasses.replace(CFG, residual_dtype="bfloat16"))
+    model = GPT(dataclasses.replace(CFG, residual_dtype="bf16"))
     seen: list[torch.dtype] = []
     for block in model.transformer.h:
         block.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
@@ -406,8 +406,8 @@ def test_float8_without_torchao_names_the_key(monkeypatch: pytest.MonkeyPatch) -
         (["model.float8_lm_head=true"], r"^model\.float8_lm_head: needs model\.float8"),
         (["model.residual_dtype=fp16"], r"^model\.residual_dtype: must be one of"),
         (["model.ce_vocab=full"], r"^model\.ce_vocab: must be one of"),
-        (["model.residual_dtype=bfloat16", "device=cpu"], r"^model\.residual_dtype: bfloat16 needs bf16 training"),
-        (["model.residual_dtype=bfloat16", "train.dtype=fp32"], r"^model\.residual_dtype: bfloat16 needs bf16"),
+        (["model.residual_dtype=bf16", "device=cpu"], r"^model\.residual_dtype: bf16 needs bf16 training"),
+        (["model.residual_dtype=bf16", "train.dtype=fp32"], r"^model\.residual_dtype: bf16 needs bf16"),
         (
             ["model.float8=tensorwise", "model.n_embd=72", "model.n_head=2"],
             r"^model\.n_embd: \(72\) must be divisible by 16",

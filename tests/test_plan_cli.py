@@ -51,7 +51,7 @@ def test_train_explain_says_why_and_what_micro_batch_means(tmp_path: Path) -> No
     assert r.exit_code == 0, r.output
     out = r.stdout
     assert "why this layout:" in out and "within 5% of the" in out and "fewer model-parallel dimensions" in out
-    assert "plan.micro_batch = sequences per micro-batch per data-parallel replica" in out and "local_batch" in out
+    assert "plan.micro_batch_size = sequences per micro-batch per data-parallel replica" in out and "local_batch" in out
     assert "GEMM" in out and "6 us per GEMM call" in out and "attention 4*L*H*Q*T/2 (causal fwd) x 3.5" in out
 
 

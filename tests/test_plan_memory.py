@@ -131,7 +131,9 @@ def test_pp_with_fsdp_keeps_the_stage_unsharded_as_torchtitan_does() -> None:
         )
     )
     lay = ParallelLayout(dp=8, tp=8, pp=8)
-    s = TrainSetup(8192, 256 * 8192, micro_batch=4, zero=3, activation_checkpointing=True, pp_schedule="interleaved")
+    s = TrainSetup(
+        8192, 256 * 8192, micro_batch_size=4, zero=3, activation_checkpointing=True, pp_schedule="interleaved"
+    )
     mem = train_memory(m, lay, s, overhead_gib=1.5)
     stage = (16 * 16384 * (2 * 16384 + 2 * 1024) + 16 * 3 * 16384 * 53248) / 8  # ~16 blocks / TP8, per GPU
     assert mem.transient >= stage * (2 + 4) * 0.95  # bf16 params + unsharded grads of the stage stay resident

@@ -22,11 +22,47 @@ PUBLISHED = {
     "gpt2-large": 774_030_080,
     "gpt2-xl": 1_557_611_200,
 }
+# The planner's GPT-2 presets are 6A's trainer descriptions (configs/pretrain/model/), whose wte holds the vocabulary
+# padded from 50257 to 50304 rows: 47 x n_embd parameters more than the HF checkpoint.
+GPT2_TRAINER = {"gpt2": "gpt2_124m", "gpt2-medium": "gpt2_350m", "gpt2-large": "gpt2_774m", "gpt2-xl": "gpt2_1558m"}
 
 
 @pytest.mark.parametrize("name,params", sorted(PUBLISHED.items()))
 def test_preset_parameter_counts_match_published(name: str, params: int) -> None:
-    assert resolve_model(name).num_params() == params
+    spec = resolve_model(name)
+    padding = (50304 - 50257) * spec.hidden_size if name in GPT2_TRAINER else 0
+    assert spec.num_params() == params + padding
+
+
+@pytest.mark.parametrize("name", sorted(GPT2_TRAINER))
+def test_gpt2_preset_as_hf_config_is_the_published_checkpoint(name: str) -> None:
+    """What transformers builds from a GPT-2 preset (serve.random_model=gpt2): the HF shape, 50257 rows."""
+    from phase6.plan.model import load_hf_fields
+
+    assert ModelSpec.from_hf_config(load_hf_fields(name)).num_params() == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("preset,trainer_preset", sorted(GPT2_TRAINER.items()))
+def test_planner_gpt2_is_the_model_the_trainer_builds(preset: str, trainer_preset: str) -> None:
+    """One description of each GPT-2 shape: the planner's count (from the preset file and from `phase6 plan
+    model=<preset>`'s composed config) is the trainer model's own sum(p.numel()), exactly."""
+    import torch
+    import yaml
+
+    from phase6.config import CONFIG_DIR
+    from phase6.config.pretrain import ModelConfig
+    from phase6.launch import load_config
+    from phase6.models.gpt2 import GPT
+
+    trainer_cfg = ModelConfig(
+        **yaml.safe_load((CONFIG_DIR / "pretrain" / "model" / f"{trainer_preset}.yaml").read_text())
+    )
+    with torch.device("meta"):  # shapes only: no 1.5B parameters allocated
+        model = GPT(trainer_cfg)
+    real = sum(p.numel() for p in model.parameters())
+    composed = load_config("plan", [f"model={preset}", "workload=train", "plan.seq_len=1024"]).model
+    assert resolve_model(preset).num_params() == resolve_model(composed).num_params() == real
+    assert resolve_model(composed).vocab_size == model.transformer.wte.weight.shape[0] == 50304
 
 
 def test_every_preset_is_checked() -> None:

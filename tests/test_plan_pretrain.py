@@ -25,14 +25,14 @@ GPT2_124M = ModelSpec.gpt2(12, 12, 768, vocab_size=50304, block_size=1024)
 
 
 def test_single_gpu_tokens_per_s_is_mfu_times_peak_over_flops() -> None:
-    p = predict_pretrain(GPT2_124M, H200, seq_len=1024, micro_batch=64, mfu=0.5)
+    p = predict_pretrain(GPT2_124M, H200, seq_len=1024, micro_batch_size=64, mfu=0.5)
     expected = 0.5 * 989.4e12 / GPT2_124M.flops_per_token(1024)
     assert p.tokens_per_s == pytest.approx(expected)
     assert p.predicted()[metrics.MFU_PCT] == pytest.approx(50.0)
 
 
 def test_ddp_vs_fsdp2_memory() -> None:
-    p = predict_pretrain(GPT2_124M, H200, seq_len=1024, micro_batch=64, num_gpus=8, parallel="fsdp2", mfu=0.4)
+    p = predict_pretrain(GPT2_124M, H200, seq_len=1024, micro_batch_size=64, num_gpus=8, parallel="fsdp2", mfu=0.4)
     ddp, fsdp = p.memory_gib["ddp"], p.memory_gib["fsdp2"]
     n = GPT2_124M.num_params()
     assert ddp["params"] + ddp["grads"] + ddp["optimizer"] == pytest.approx(16 * n / 2**30)
@@ -43,8 +43,8 @@ def test_ddp_vs_fsdp2_memory() -> None:
 
 
 def test_multi_gpu_adds_only_exposed_comm() -> None:
-    one = predict_pretrain(GPT2_124M, H200, seq_len=1024, micro_batch=64, num_gpus=1, mfu=0.5)
-    eight = predict_pretrain(GPT2_124M, H200, seq_len=1024, micro_batch=64, num_gpus=8, mfu=0.5)
+    one = predict_pretrain(GPT2_124M, H200, seq_len=1024, micro_batch_size=64, num_gpus=1, mfu=0.5)
+    eight = predict_pretrain(GPT2_124M, H200, seq_len=1024, micro_batch_size=64, num_gpus=8, mfu=0.5)
     assert eight.tokens_per_s <= 8 * one.tokens_per_s
     assert eight.tokens_per_s == pytest.approx(8 * 64 * 1024 / eight.step_time_s)
 
@@ -74,7 +74,7 @@ def test_predicted_block_and_cost() -> None:
         GPT2_124M,
         H200,
         seq_len=1024,
-        micro_batch=32,
+        micro_batch_size=32,
         mfu=0.45,
         train_tokens=10e9,
         loss_reference=LossReference(124e6, 10e9, 3.3, "test"),
@@ -97,9 +97,9 @@ def test_accepts_6a_model_config_and_rejects_bad_input() -> None:
     from phase6.config.pretrain import ModelConfig
 
     cfg = ModelConfig(name="gpt2_124m", n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257)
-    p = predict_pretrain(cfg, H200, seq_len=1024, micro_batch=8, mfu=0.4)
+    p = predict_pretrain(cfg, H200, seq_len=1024, micro_batch_size=8, mfu=0.4)
     assert p.params == GPT2_124M.num_params()  # padded to 50304 like the trainer's wte
     with pytest.raises(ValueError, match="parallel"):
-        predict_pretrain(cfg, H200, seq_len=1024, micro_batch=8, parallel="zero")
+        predict_pretrain(cfg, H200, seq_len=1024, micro_batch_size=8, parallel="zero")
     with pytest.raises(ValueError, match="lacks"):
-        predict_pretrain(object(), H200, seq_len=1024, micro_batch=8)
+        predict_pretrain(object(), H200, seq_len=1024, micro_batch_size=8)

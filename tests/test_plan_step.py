@@ -189,7 +189,7 @@ def test_attention_rate_follows_the_published_kernel_curves() -> None:
 def test_tp_overlap_covers_the_framework_s_passes_and_leaves_the_reduce_scatter_tail() -> None:
     m = resolve_model("llama3.1-70b")
     setup = TrainSetup(
-        seq_len=8192, global_batch_tokens=16 * 8192, micro_batch=2, zero=3, activation_checkpointing=True
+        seq_len=8192, global_batch_tokens=16 * 8192, micro_batch_size=2, zero=3, activation_checkpointing=True
     )
     lay = ParallelLayout(dp=8, tp=8)
     plain = predict_train_step(m, lay, setup, PROFILE)

@@ -65,9 +65,9 @@ def test_schedule_longer_than_the_run_is_an_error() -> None:
 
 
 def test_grad_accum_derived_and_divisibility_error() -> None:
-    tc = TrainConfig(micro_batch_size=64, seq_len=1024, total_batch_tokens=524288)
+    tc = TrainConfig(micro_batch_size=64, seq_len=1024, global_batch_tokens=524288)
     assert [tc.grad_accum_steps(w) for w in (1, 2, 8)] == [8, 4, 1]
-    with pytest.raises(ValueError, match=r"train.total_batch_tokens.*64 \* 1024 \* 3"):
+    with pytest.raises(ValueError, match=r"train.global_batch_tokens.*64 \* 1024 \* 3"):
         tc.grad_accum_steps(3)
 
 
@@ -149,7 +149,7 @@ def test_every_shipped_recipe_justifies_the_key_hyperparameters() -> None:
         "optim.grad_clip",
         "optim.warmup_steps",
         "optim.schedule",
-        "train.total_batch_tokens",
+        "train.global_batch_tokens",
         "train.dtype",
         "train.max_steps",
     }

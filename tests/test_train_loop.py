@@ -43,7 +43,7 @@ def make_cfg(run_dir: Path, data_dir: str, **train: Any) -> PretrainRunConfig:
     tc = dict(
         micro_batch_size=4,
         seq_len=32,
-        total_batch_tokens=256,
+        global_batch_tokens=256,
         max_steps=8,
         val_every=4,
         val_tokens=256,
@@ -169,7 +169,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(
     monkeypatch.setattr(GPT, "forward", poisoned)
     run = tmp_path / "run"
     with pytest.raises(FloatingPointError, match=r"step 6: loss nan.*Last good checkpoint: .*step_00000004\.pt"):
-        TRAIN(make_cfg(run, data_dir, total_batch_tokens=128))
+        TRAIN(make_cfg(run, data_dir, global_batch_tokens=128))
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000004.pt"]
     assert max(losses(run)) == 5  # nothing logged for the diverged step
 
@@ -209,7 +209,7 @@ def torchrun(run_dir: Path, data_dir: str, mode: str, *extra: str) -> subprocess
         "optim.warmup_steps=2",
         "train.micro_batch_size=2",
         "train.seq_len=32",
-        "train.total_batch_tokens=256",
+        "train.global_batch_tokens=256",
         "train.max_steps=4",
         "train.val_every=4",
         "train.val_tokens=256",

@@ -22,6 +22,7 @@ from phase6 import metrics
 from phase6.config.pretrain import EvalRunConfig
 from phase6.data.loader import ValLoader
 from phase6.data.shards import check_shard, list_shards, load_manifest, read_header
+from phase6.dtypes import engine_dtype, torch_dtype
 from phase6.errors import UserError
 from phase6.evals.battery import run_battery
 from phase6.runrecord import RunRecord
@@ -85,7 +86,7 @@ def main(cfg: EvalRunConfig) -> dict[str, Any]:
     preflight(cfg)
     rec = RunRecord(cfg, job="eval")
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    dtype = cfg.dtype if cfg.dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
     rows: list[dict[str, Any]] = []
     extra: dict[str, Any] = {"model": cfg.model}
     measured: dict[str, Any] = {}
@@ -100,7 +101,7 @@ def main(cfg: EvalRunConfig) -> dict[str, Any]:
             limit=cfg.limit,
             batch_size=cfg.batch_size,
             device=device,
-            dtype=dtype_name,
+            dtype=engine_dtype(dtype),
             trust_remote_code=cfg.trust_remote_code,
             seed=cfg.run.seed,
         )
@@ -118,7 +119,7 @@ def main(cfg: EvalRunConfig) -> dict[str, Any]:
             measured[f"eval/{s.task}_{s.metric}"] = s.value
         extra["lm_eval"] = res.raw
     if cfg.val_data:
-        v = val_loss(cfg, device, getattr(torch, dtype_name))
+        v = val_loss(cfg, device, torch_dtype(dtype))
         rows.append(
             {
                 "model": cfg.model,
@@ -132,7 +133,7 @@ def main(cfg: EvalRunConfig) -> dict[str, Any]:
         measured[metrics.VAL_LOSS] = v["val_loss"]
     notes = {
         "Settings": (
-            f"lm-eval hf backend, {dtype_name} on {device}, num_fewshot={cfg.num_fewshot}, "
+            f"lm-eval hf backend, {engine_dtype(dtype)} on {device}, num_fewshot={cfg.num_fewshot}, "
             f"limit={cfg.limit or 'none'}; val loss = mean CE over {cfg.val_tokens:,} val tokens in "
             f"{cfg.val_seq_len or 'model-context'}-token windows (the trainer's val/loss definition)"
         ),

@@ -53,7 +53,7 @@ OVERFIT_TARGET = 0.1  # train.sanity=overfit_batch passes when the final loss is
 
 
 def predict(
-    cfg: PretrainRunConfig, model_cfg: ModelConfig, world: int, grad_accum: int, gpt2_tokens: bool
+    cfg: PretrainRunConfig, model_cfg: ModelConfig, world: int, grad_accum_steps: int, gpt2_tokens: bool
 ) -> PretrainPrediction:
     """The planner's prediction for `model_cfg` on this run's hardware, batch geometry and token budget.
 
@@ -71,8 +71,8 @@ def predict(
         model_cfg,
         cfg.hardware,
         seq_len=cfg.train.seq_len,
-        micro_batch=cfg.train.micro_batch_size,
-        grad_accum=grad_accum,
+        micro_batch_size=cfg.train.micro_batch_size,
+        grad_accum_steps=grad_accum_steps,
         num_gpus=world,
         parallel=cfg.parallel.mode,
         mfu=p.mfu,
@@ -85,13 +85,13 @@ def predict(
 
 
 def scaling_rows(
-    cfg: PretrainRunConfig, pred: PretrainPrediction, world: int, grad_accum: int, gpt2_tokens: bool
+    cfg: PretrainRunConfig, pred: PretrainPrediction, world: int, grad_accum_steps: int, gpt2_tokens: bool
 ) -> list[dict[str, Any]]:
     """This run's prediction and the same for predict.scaling_presets (larger models) at its budget and hardware."""
     preds = [(cfg.model.name, pred)]
     for name in cfg.predict.scaling_presets:
         mcfg = ModelConfig(**yaml.safe_load((CONFIG_DIR / "pretrain" / "model" / f"{name}.yaml").read_text()))
-        preds.append((name, predict(cfg, mcfg, world, grad_accum, gpt2_tokens)))
+        preds.append((name, predict(cfg, mcfg, world, grad_accum_steps, gpt2_tokens)))
     rows = []
     for name, p in preds:
         pr = p.predicted()
@@ -233,7 +233,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         )
     gpt2_tokens = manifest is None or manifest.tokenizer.name == "gpt2"
     B, T = tc.micro_batch_size, tc.seq_len
-    grad_accum = tc.grad_accum_steps(info.world_size)
+    grad_accum_steps = tc.grad_accum_steps(info.world_size)
     train_loader = ShardLoader(cfg.data.out_dir, "train", B, T, info.rank, info.world_size)
     val_loader = None
     if tc.val_every and tc.sanity == "none":
@@ -254,11 +254,11 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
     num_params = model.num_params()
 
     # --- predict first: printed and stored before step 1 ---
-    pred: PretrainPrediction = predict(cfg, cfg.model, info.world_size, grad_accum, gpt2_tokens)
+    pred: PretrainPrediction = predict(cfg, cfg.model, info.world_size, grad_accum_steps, gpt2_tokens)
     predicted = pred.predicted()
     # the run record masks string values under keys containing the word "token" (secrets): name the formula "flops"
     predicted["formulas"] = {("flops" if k == "flops_per_token" else k): v for k, v in predicted["formulas"].items()}
-    scaling = scaling_rows(cfg, pred, info.world_size, grad_accum, gpt2_tokens)
+    scaling = scaling_rows(cfg, pred, info.world_size, grad_accum_steps, gpt2_tokens)
     if info.is_main:
         (rec.dir / "predicted.json").write_text(json.dumps(pred.as_dict(), indent=2, default=str))
         rec.print(
@@ -303,20 +303,20 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
     while step < stop_at:
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        for micro in range(grad_accum):
+        for micro in range(grad_accum_steps):
             x, y = overfit_batch if overfit_batch is not None else train_loader.next_batch()
             x, y = to_device(x, device), to_device(y, device)  # (B, T) each
-            set_grad_sync(pmodel, micro == grad_accum - 1)  # all-reduce / reduce-scatter once per optimizer step
+            set_grad_sync(pmodel, micro == grad_accum_steps - 1)  # all-reduce / reduce-scatter once per optimizer step
             with autocast:
                 loss = pmodel(x, y)
-            (loss / grad_accum).backward()
+            (loss / grad_accum_steps).backward()
             loss_sum += loss.detach()
         grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
         lr = sched.get_last_lr()[0]
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        loss_val = all_reduce_mean(loss_sum / grad_accum).item()  # the one host sync per step
+        loss_val = all_reduce_mean(loss_sum / grad_accum_steps).item()  # the one host sync per step
         norm_val = grad_norm.item()
         dt = time.perf_counter() - t0
         step += 1
@@ -329,7 +329,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
             rec.fail(msg)
             raise FloatingPointError(msg)
         step_times.append(dt)
-        tps = tc.total_batch_tokens / dt
+        tps = tc.global_batch_tokens / dt
         row: dict[str, Any] = {
             metrics.LOSS: loss_val,
             metrics.LR: lr,
@@ -337,7 +337,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
             metrics.STEP_TIME_S: dt,
             metrics.TOKENS_PER_S: tps,
             metrics.MFU_PCT: metrics.mfu_pct(tps, pred.flops_per_token, cfg.hardware.peak_bf16_tflops, info.world_size),
-            metrics.TOKENS_SEEN: step * tc.total_batch_tokens,
+            metrics.TOKENS_SEEN: step * tc.global_batch_tokens,
         }
         if device.type == "cuda":
             row[metrics.MEM_MAX_ALLOCATED_GIB] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -373,7 +373,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
     measured: dict[str, Any] = {}
     if steady:
         step_s = statistics.median(steady)
-        tps = tc.total_batch_tokens / step_s
+        tps = tc.global_batch_tokens / step_s
         hours = tc.total_tokens() / tps / 3600
         measured = {
             metrics.TOKENS_PER_S: tps,
@@ -390,7 +390,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
             metrics.COST_USD: hours * info.world_size * cfg.hardware.usd_per_gpu_hour,
         }
     final_loss = history[-1].get(metrics.LOSS) if history else None
-    trained_tokens = (step - first_step) * tc.total_batch_tokens
+    trained_tokens = (step - first_step) * tc.global_batch_tokens
     cost = run_cost(cfg.hardware, info.world_size, loop_s, trained_tokens)
     summary = {
         "model": cfg.model.name,
@@ -399,7 +399,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         "gpus": info.world_size,
         "parallel": cfg.parallel.mode + (" + compile" if compile_on else ""),
         "steps": step,
-        "tokens": step * tc.total_batch_tokens,
+        "tokens": step * tc.global_batch_tokens,
         "final_loss": final_loss,
         "val_loss": val_loss,
         "tokens_per_s": measured.get(metrics.TOKENS_PER_S),
@@ -409,8 +409,8 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         "micro_batch B": B,
         "seq_len T": T,
         "world": info.world_size,
-        "grad_accum": grad_accum,
-        "tokens/step": tc.total_batch_tokens,
+        "grad_accum": grad_accum_steps,
+        "tokens/step": tc.global_batch_tokens,
         "max_steps": tc.max_steps,
         "token budget": tc.total_tokens(),
         "schedule": cfg.optim.schedule,
@@ -423,7 +423,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         "precision": ("bf16 autocast, fp32 master" if use_bf16 else "fp32")
         + (f", {cfg.model.float8} fp8 block GEMMs" if cfg.model.float8 != "none" else "")
         + (" and lm_head" if cfg.model.float8_lm_head else "")
-        + (", bf16 residual stream" if cfg.model.residual_dtype == "bfloat16" else ""),
+        + (", bf16 residual stream" if cfg.model.residual_dtype == "bf16" else ""),
     }
     notes = {
         "How to read this": (

@@ -85,16 +85,16 @@ from phase6.plan.model import qwen_config  # noqa: E402
 # Qwen/Qwen2.5-7B-Instruct config.json: the base model's shapes (configs/plan/model/qwen2.5-7b.yaml), 32K positions
 QWEN25_7B = qwen_config("qwen2.5-7b", max_position_embeddings=32768)
 # ref: "step" = TRL's reference forward in every step, "trl" = TRL's precompute, "sorted" = phase6.posttrain.reference
-BASE = dict(gradient_checkpointing=True, ref="step", group=False, liger=False, micro_batch=8)
-OURS = dict(BASE, gradient_checkpointing=False, ref="sorted", group=True, micro_batch=2)
+BASE = dict(gradient_checkpointing=True, ref="step", group=False, liger=False, micro_batch_size=8)
+OURS = dict(BASE, gradient_checkpointing=False, ref="sorted", group=True, micro_batch_size=2)
 VARIANTS: dict[str, dict[str, Any]] = {
     "trl_default": dict(BASE),
     "ours": dict(OURS),
     "ours_liger": dict(OURS, liger=True),
-    "ours_mb4": dict(OURS, micro_batch=4),
-    "ours_liger_mb4": dict(OURS, liger=True, micro_batch=4),
-    "ours_mb8": dict(OURS, micro_batch=8),
-    "ours_v1": dict(OURS, ref="trl", micro_batch=8),
+    "ours_mb4": dict(OURS, micro_batch_size=4),
+    "ours_liger_mb4": dict(OURS, liger=True, micro_batch_size=4),
+    "ours_mb8": dict(OURS, micro_batch_size=8),
+    "ours_v1": dict(OURS, ref="trl", micro_batch_size=8),
     "ref_step": dict(OURS, ref="step"),
     "precompute_only": dict(BASE, ref="sorted"),
     "no_ckpt_only": dict(BASE, gradient_checkpointing=False),
@@ -133,7 +133,7 @@ def gpt2_tokenizer(tok_dir: Path) -> Any:
 
 
 def epoch_padded_tokens(
-    lengths: list[int], max_length: int, micro_batch: int, grouped: bool, num_seeds: int = 32
+    lengths: list[int], max_length: int, micro_batch_size: int, grouped: bool, num_seeds: int = 32
 ) -> float:
     """Expected padded tokens of one epoch: each micro-batch is 2 x n sequences padded to its longest (<= max_length).
 
@@ -152,8 +152,8 @@ def epoch_padded_tokens(
             else torch.randperm(len(lengths), generator=g).tolist()
         )
         total = 0
-        for i in range(0, len(order), micro_batch):
-            mb = order[i : i + micro_batch]
+        for i in range(0, len(order), micro_batch_size):
+            mb = order[i : i + micro_batch_size]
             total += 2 * len(mb) * min(max(lengths[j] for j in mb), max_length)
         totals.append(total)
     return statistics.fmean(totals)
@@ -241,7 +241,7 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
             spent["ref_pass_s"] += time.perf_counter() - t
             return out
 
-    mb = v["micro_batch"]
+    mb = v["micro_batch_size"]
     max_length = 256 if args.dry_run_cpu else 1024
     cfg = DPOConfig(
         output_dir=str(Path(args.workdir) / variant),

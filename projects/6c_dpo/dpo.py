@@ -27,6 +27,7 @@ from phase6 import metrics as M
 from phase6.config.dpo import DPORunConfig
 from phase6.cost import run_cost
 from phase6.dist import barrier
+from phase6.dtypes import engine_dtype, hf_load_dtype
 from phase6.errors import one_line
 from phase6.evals.battery import BatteryResult, delta_rows, run_battery
 from phase6.evals.judge import judge_pairwise, probe_judge
@@ -59,8 +60,7 @@ def build_model_and_tokenizer(cfg: DPORunConfig, train_texts: list[str], use_cud
             model.save_pretrained(base_path)
             tok.save_pretrained(base_path)
         return model, tok, base_path
-    # bf16 weights on a CPU-only machine would run every matmul through slow bf16 CPU kernels
-    dtype = {"bf16": torch.bfloat16 if use_cuda else torch.float32, "fp32": torch.float32, "auto": "auto"}[m.dtype]
+    dtype = hf_load_dtype(m.dtype, use_cuda)  # bf16 on a CPU-only machine loads as fp32
     kw: dict[str, Any] = {"revision": m.revision, "trust_remote_code": m.trust_remote_code}
     tok = AutoTokenizer.from_pretrained(m.name_or_path, **kw)
     model = AutoModelForCausalLM.from_pretrained(
@@ -116,9 +116,9 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
         learning_rate=d.learning_rate,
         num_train_epochs=d.num_epochs,
         max_steps=d.max_steps,
-        per_device_train_batch_size=d.per_device_batch_size,
-        per_device_eval_batch_size=d.per_device_batch_size,
-        gradient_accumulation_steps=d.grad_accum,
+        per_device_train_batch_size=d.micro_batch_size,
+        per_device_eval_batch_size=d.micro_batch_size,
+        gradient_accumulation_steps=d.grad_accum_steps,
         max_length=d.max_length,
         gradient_checkpointing=d.gradient_checkpointing,
         warmup_steps=d.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of the total steps
@@ -320,7 +320,7 @@ def main(cfg: DPORunConfig) -> Path:
             limit=e.limit,
             batch_size=e.batch_size,
             device=str(device),
-            dtype="bfloat16" if (use_cuda and cfg.model.dtype == "bf16") else "float32",
+            dtype=engine_dtype("bf16" if (use_cuda and cfg.model.dtype == "bf16") else "fp32"),
             apply_chat_template=e.apply_chat_template,
             trust_remote_code=cfg.model.trust_remote_code,
             seed=cfg.run.seed,

@@ -550,8 +550,8 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
     ]
     cfg = GRPOConfig(
         output_dir=str(work / "out"),
-        per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=args.prompts * args.group // args.micro_batch,
+        per_device_train_batch_size=args.micro_batch_size,
+        gradient_accumulation_steps=args.prompts * args.group // args.micro_batch_size,
         num_generations=args.group,
         max_completion_length=args.new_tokens,
         max_steps=args.steps,
@@ -683,7 +683,7 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--logprobs", action="store_true", help="engines also return behaviour log-probs (GRPO needs them)")
     p.add_argument("--steps", type=int, default=4, help="GRPO steps for --part step (the first is warm-up)")
-    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--micro-batch-size", type=int, default=16)
     p.add_argument("--step-decode", default="loop", choices=("loop", "generate"), help="HF engine decode, --part step")
     p.add_argument(
         "--step-engine",
@@ -702,7 +702,7 @@ def main() -> None:
     global DEVICE
     if args.cpu_check:
         DEVICE = "cpu"
-        args.prompts, args.group, args.new_tokens, args.steps, args.micro_batch = 4, 2, 8, 2, 4
+        args.prompts, args.group, args.new_tokens, args.steps, args.micro_batch_size = 4, 2, 8, 2, 4
     elif not torch.cuda.is_available():
         raise SystemExit("bench.py measures GPU throughput; no CUDA device here (--cpu-check runs the code paths)")
     import transformers

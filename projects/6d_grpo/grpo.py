@@ -31,14 +31,13 @@ import torch
 import phase6.metrics as M
 from phase6.config.grpo import GrpoRunConfig
 from phase6.cost import run_cost
+from phase6.dtypes import hf_load_dtype
 from phase6.nvml import GpuSampler, plot_timeline
 from phase6.posttrain import grpo_timing as T
 from phase6.posttrain.grpo_eval import EvalResult, evaluate, mcnemar
 from phase6.posttrain.grpo_monitor import RewardMonitor, plot_length_histogram
 from phase6.runrecord import RunRecord, trainer_log_callback
 from phase6.tasks import digits, gsm8k
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "auto": "auto"}
 
 
 def load_rows(cfg: GrpoRunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
@@ -88,9 +87,8 @@ def prepare_model(cfg: GrpoRunConfig, rows: list[dict[str, Any]], run_dir: Path)
 
 
 def model_kwargs(cfg: GrpoRunConfig, use_cuda: bool) -> dict[str, Any]:
-    dtype = DTYPES[cfg.model.dtype] if use_cuda or cfg.model.dtype != "bf16" else torch.float32
     return {
-        "dtype": dtype,
+        "dtype": hf_load_dtype(cfg.model.dtype, use_cuda),
         "attn_implementation": cfg.model.attn_implementation,
         "revision": cfg.model.revision,
         "trust_remote_code": cfg.model.trust_remote_code,

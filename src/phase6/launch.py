@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from phase6.config import CONFIG_DIR, JOBS, load_object, to_dataclass
+from phase6.config import CONFIG_DIR, JOBS, key_hint, load_object, to_dataclass
 from phase6.errors import EXIT_USER_ERROR, UserError, one_line
 from phase6.redact import redact_logging
 
@@ -43,8 +43,11 @@ def _first_line(text: str) -> str:
     return " ".join(line.strip() for line in str(text).strip().splitlines()[:1])
 
 
-def _explain(exc: BaseException) -> str:
-    """One line naming the key for OmegaConf / Hydra / our own ValueError messages."""
+def _explain(exc: BaseException, job: str | None = None) -> str:
+    """One line naming the key for OmegaConf / Hydra / our own ValueError messages; an unknown key of ``job`` also
+    gets its new name when it was renamed, or the closest field ("did you mean ...?")."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
     chain: list[BaseException] = []
     e: BaseException | None = exc
     while e is not None and e not in chain:
@@ -53,8 +56,9 @@ def _explain(exc: BaseException) -> str:
     for e in chain:  # the deepest exception that knows its key wins
         key = getattr(e, "full_key", None)
         if key:
-            msg = str(e).split("\n    full_key")[0]
-            return f"{key}: {_first_line(msg)}"
+            msg = _first_line(str(e).split("\n    full_key")[0])
+            hint = key_hint(job, key) if job and isinstance(e, (ConfigKeyError, ConfigAttributeError)) else ""
+            return f"{key}: {msg}" + (f"; {hint}" if hint else "")
     msgs = [_first_line(str(e)) for e in chain if str(e).strip()]
     return " / ".join(dict.fromkeys(msgs)) or type(exc).__name__
 
@@ -136,7 +140,7 @@ def compose(job: str, overrides: list[str]) -> DictConfig:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             return hydra_compose(config_name=job, overrides=job_overrides(job, overrides))
     except Exception as e:  # Hydra wraps every composition problem; keep only the key and the reason
-        raise ConfigError(_explain(e)) from e
+        raise ConfigError(_explain(e, job)) from e
     finally:
         GlobalHydra.instance().clear()
 
@@ -164,7 +168,7 @@ def load_config(job: str, overrides: list[str]) -> Any:
             load_object(JOBS[job].check)(out)
         return out
     except Exception as e:
-        raise ConfigError(_explain(e)) from e
+        raise ConfigError(_explain(e, job)) from e
 
 
 def preflight(job: str, overrides: list[str], multirun: bool) -> list[Any]:

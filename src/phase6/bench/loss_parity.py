@@ -32,7 +32,7 @@ from phase6 import metrics
 from phase6.runrecord import markdown_table, read_metrics
 
 NUMERICS = ("float8", "float8_lm_head", "residual_dtype")
-DEFAULT_NUMERICS = {"float8": "none", "float8_lm_head": False, "residual_dtype": "float32"}
+DEFAULT_NUMERICS = {"float8": "none", "float8_lm_head": False, "residual_dtype": "fp32"}
 
 
 @dataclass
@@ -80,7 +80,7 @@ def compare(curves: list[Curve], tol: float = 0.02) -> list[dict[str, Any]]:
     for c in curves:
         groups.setdefault(c.label, []).append(c)
     if "default" not in groups:
-        raise ValueError("no run with the default numerics (model.float8=none, residual_dtype=float32) to compare to")
+        raise ValueError("no run with the default numerics (model.float8=none, residual_dtype=fp32) to compare to")
     steps = {tuple(sorted(c.val)) for c in curves}
     if len(steps) > 1:
         raise ValueError(f"runs evaluated at different steps ({sorted(steps)[:2]}...): compare like with like")

@@ -46,7 +46,7 @@ LEVERS: dict[str, Lever] = {
     "fp8": Lever({"model.float8": "tensorwise"}, "+5..12%", compile_cost=1.3),
     "fp8_rowwise": Lever({"model.float8": "rowwise"}, "+0..6%", compile_cost=1.3),
     "fp8_head": Lever({"model.float8": "tensorwise", "model.float8_lm_head": True}, "+8..16%", compile_cost=1.3),
-    "bf16_resid": Lever({"model.residual_dtype": "bfloat16"}, "+2..4%", needs_cuda=True),
+    "bf16_resid": Lever({"model.residual_dtype": "bf16"}, "+2..4%", needs_cuda=True),
     "ce_sliced": Lever({"model.ce_vocab": "sliced"}, "-6..-7% (the default before 2026-11-30)", needs_cuda=True),
     "fa4": Lever({"parallel.sdpa_backend": "fa4"}, "+2..4%", needs_cuda=True, compile_cost=1.5, isolate=True),
     "two_pass": Lever({"parallel.inductor": {"online_softmax": False}}, "+1.5..2.5%", needs_compile=True),

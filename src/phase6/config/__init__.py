@@ -11,9 +11,11 @@ Layout (see docs/configs.md):
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import importlib.util
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,7 +143,17 @@ class HardwareConfig:
             require(getattr(self, k) >= 0, f"hardware.{k}", f"must be >= 0 (0 = unknown), got {getattr(self, k)}")
 
 
-HF_DTYPES = ("bf16", "fp32", "auto")
+DTYPES = ("auto", "bf16", "fp32")
+"""How every phase6 config key spells a dtype (phase6.dtypes maps them to torch and to the engines' bfloat16 / float32);
+``auto`` is each key's documented default rule."""
+
+
+def check_dtype(value: str, key: str, allowed: tuple[str, ...] = DTYPES) -> None:
+    """The one-line error of a dtype key; an engine's spelling (bfloat16, float32) is told phase6's."""
+    hint = {"bfloat16": " (phase6 spells it bf16)", "float32": " (phase6 spells it fp32)"}.get(value, "")
+    require(value in allowed, key, f"must be one of {list(allowed)}, got {value!r}{hint}")
+
+
 HF_ATTN = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
@@ -170,7 +182,7 @@ class HFModelConfig:
 
     def __post_init__(self) -> None:
         require(bool(self.name_or_path), "model.name_or_path", "must be a hub id, a local directory or 'tiny'")
-        require(self.dtype in HF_DTYPES, "model.dtype", f"must be one of {list(HF_DTYPES)}, got {self.dtype!r}")
+        check_dtype(self.dtype, "model.dtype")
         require(
             self.attn_implementation in HF_ATTN,
             "model.attn_implementation",
@@ -284,6 +296,34 @@ JOBS: dict[str, JobSpec] = {
         "phase6.config.serve:ServeBenchRunConfig", "projects/6b_serving/serve_bench.py:main", "6B serving table row"
     ),
 }
+
+
+# Keys renamed so that one concept has one name in every job (docs/configs.md "Names"); the old spelling is refused
+# with the one-line unknown-key error, which names the new key.
+RENAMED_KEYS: dict[str, str] = {
+    "dpo.per_device_batch_size": "dpo.micro_batch_size",
+    "dpo.grad_accum": "dpo.grad_accum_steps",
+    "plan.micro_batch": "plan.micro_batch_size",
+    "train.total_batch_tokens": "train.global_batch_tokens",
+}
+
+
+def key_hint(job: str, key: str) -> str:
+    """For an unknown dotted ``key`` of ``job``: "renamed to <new key>", or "did you mean <key>?" naming the closest
+    field of the same group, or "" when nothing is close."""
+    if key in RENAMED_KEYS:
+        return f"renamed to {RENAMED_KEYS[key]}"
+    *parents, leaf = key.split(".")
+    cls: Any = schema_of(job)
+    for name in parents:
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        cls = hints.get(name)
+        if cls is None:
+            return ""
+    if not dataclasses.is_dataclass(cls):
+        return ""
+    close = difflib.get_close_matches(leaf, [f.name for f in dataclasses.fields(cls)], n=1, cutoff=0.6)
+    return f"did you mean {'.'.join([*parents, close[0]])}?" if close else ""
 
 
 def load_object(ref: str) -> Any:

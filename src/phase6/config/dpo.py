@@ -141,9 +141,9 @@ class DPOTrainConfig:
     """Epochs over the training split (ignored when max_steps > 0)."""
     max_steps: int = -1
     """Optimizer steps; -1 = num_epochs."""
-    per_device_batch_size: int = 2
+    micro_batch_size: int = 2
     """Pairs per device per micro-step (each pair = 2 sequences); peak memory grows with pairs x 2 x max_length."""
-    grad_accum: int = 8
+    grad_accum_steps: int = 8
     """Micro-steps per optimizer step."""
     max_length: int = 1024
     """Tokens per prompt+completion sequence (keep_start truncation)."""
@@ -172,7 +172,7 @@ class DPOTrainConfig:
         require(self.learning_rate > 0, "dpo.learning_rate", f"must be > 0, got {self.learning_rate}")
         require(self.num_epochs > 0, "dpo.num_epochs", f"must be > 0, got {self.num_epochs}")
         require(self.max_steps == -1 or self.max_steps > 0, "dpo.max_steps", f"must be -1 or > 0, got {self.max_steps}")
-        for k in ("per_device_batch_size", "grad_accum", "max_length", "eval_steps", "logging_steps"):
+        for k in ("micro_batch_size", "grad_accum_steps", "max_length", "eval_steps", "logging_steps"):
             require(getattr(self, k) >= 1, f"dpo.{k}", f"must be >= 1, got {getattr(self, k)}")
         require(0.0 <= self.warmup_ratio < 1.0, "dpo.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         clash = sorted(set(self.trl) & set(OWNED_TRL_KEYS))
@@ -180,7 +180,7 @@ class DPOTrainConfig:
 
     def pairs_per_step(self, world_size: int) -> int:
         """Preference pairs per optimizer step across all ranks."""
-        return self.per_device_batch_size * self.grad_accum * world_size
+        return self.micro_batch_size * self.grad_accum_steps * world_size
 
 
 @dataclass

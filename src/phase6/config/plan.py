@@ -102,7 +102,7 @@ class PlanConfig:
     """Training sequence length T."""
     global_batch_tokens: int = 4_194_304
     """Tokens per optimizer step (4M: Llama-3 8B/70B pretraining started at 4M, arXiv 2407.21783 §3.4)."""
-    micro_batch: int = 1
+    micro_batch_size: int = 1
     """Sequences per micro-batch per data-parallel replica."""
     zero: int | None = None
     """ZeRO stage 0-3 (3 = FSDP); None = enumerate 0, 1, 2, 3."""
@@ -168,7 +168,7 @@ class PlanConfig:
             "plan.context_len",
             f"must be >= 1 or null, got {self.context_len}",
         )
-        for k in ("seq_len", "global_batch_tokens", "micro_batch", "virtual_stages", "prompt_len"):
+        for k in ("seq_len", "global_batch_tokens", "micro_batch_size", "virtual_stages", "prompt_len"):
             require(getattr(self, k) >= 1, f"plan.{k}", f"must be >= 1, got {getattr(self, k)}")
         require(
             self.global_batch_tokens >= self.seq_len,

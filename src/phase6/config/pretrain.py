@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from phase6.config import CONFIG_DIR, HardwareConfig, LoggerConfig, RunConfig, require
+from phase6.config import CONFIG_DIR, HardwareConfig, LoggerConfig, RunConfig, check_dtype, require
 from phase6.config.data import DataConfig
 from phase6.config.evals import LocalTask
 
@@ -20,12 +20,11 @@ ALGORITHMS = ("adamw", "muon")
 MUON_ADJUST_LR = ("original", "match_rms_adamw")
 PARALLEL_MODES = ("ddp", "fsdp2")
 SANITY_MODES = ("none", "overfit_batch")
-DTYPES = ("auto", "bf16", "fp32")
 COMPILE_MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
 SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math", "fa4")
 FUSED_CE = ("none", "liger")
 FLOAT8 = ("none", "tensorwise", "rowwise")
-RESIDUAL_DTYPES = ("float32", "bfloat16")
+RESIDUAL_DTYPES = ("fp32", "bf16")
 CE_VOCAB = ("sliced", "padded")
 
 
@@ -80,9 +79,9 @@ class ModelConfig:
     float8_lm_head: bool = False
     """Also run the (tied) lm_head GEMMs in FP8 (model.float8 must be set). Its gradient is the widest tensor of the
     step (B x T x 50304), cast to e5m2: check the loss against float8_lm_head=false before trusting it."""
-    residual_dtype: str = "float32"
-    """dtype of the residual stream between blocks: 'float32' (bf16 autocast's default: the embeddings are fp32, so
-    every residual add stays fp32) or 'bfloat16' (cast once after the embeddings; halves the stream's memory
+    residual_dtype: str = "fp32"
+    """dtype of the residual stream between blocks: 'fp32' (bf16 autocast's default: the embeddings are fp32, so
+    every residual add stays fp32) or 'bf16' (cast once after the embeddings; halves the stream's memory
     traffic; needs bf16 training)."""
     ce_vocab: str = "padded"
     """Columns the cross-entropy reads: 'padded' = all padded_vocab_size columns with the padding ones set to -inf
@@ -105,11 +104,7 @@ class ModelConfig:
         )
         require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
         require(self.float8 in FLOAT8, "model.float8", f"must be one of {FLOAT8}, got {self.float8!r}")
-        require(
-            self.residual_dtype in RESIDUAL_DTYPES,
-            "model.residual_dtype",
-            f"must be one of {RESIDUAL_DTYPES}, got {self.residual_dtype!r}",
-        )
+        check_dtype(self.residual_dtype, "model.residual_dtype", RESIDUAL_DTYPES)
         if self.float8 != "none":
             # FP8 tensor-core GEMMs (torch._scaled_mm) need every GEMM dimension divisible by 16
             require(self.n_embd % 16 == 0, "model.n_embd", f"({self.n_embd}) must be divisible by 16 for model.float8")
@@ -302,9 +297,9 @@ def check_perf_combination(model: ModelConfig, parallel: ParallelConfig) -> None
 def check_precision(model: ModelConfig, bf16: bool) -> None:
     """A bf16 residual stream only exists under bf16 training (fp32 LayerNorm/Linear weights reject bf16 inputs)."""
     require(
-        bf16 or model.residual_dtype == "float32",
+        bf16 or model.residual_dtype == "fp32",
         "model.residual_dtype",
-        "bfloat16 needs bf16 training (train.dtype=bf16, or auto on CUDA); set model.residual_dtype=float32",
+        "bf16 needs bf16 training (train.dtype=bf16, or auto on CUDA); set model.residual_dtype=fp32",
     )
 
 
@@ -316,7 +311,7 @@ class TrainConfig:
     """Sequences per GPU per forward (B)."""
     seq_len: int | None = None
     """Tokens per sequence (T), at most model.block_size; None = model.block_size."""
-    total_batch_tokens: int = 2048
+    global_batch_tokens: int = 2048
     """Tokens per optimizer step over all GPUs; grad-accum steps = this / (B * T * world)."""
     max_steps: int = 50
     """Optimizer steps of the run (sets the LR schedule length and the token budget)."""
@@ -346,29 +341,29 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_justify(self, "train")
-        for key in ("micro_batch_size", "total_batch_tokens", "max_steps", "keep_checkpoints"):
+        for key in ("micro_batch_size", "global_batch_tokens", "max_steps", "keep_checkpoints"):
             require(getattr(self, key) > 0, f"train.{key}", f"must be > 0, got {getattr(self, key)}")
         require(self.seq_len is None or self.seq_len > 0, "train.seq_len", f"must be > 0 or null, got {self.seq_len}")
         for key in ("val_every", "val_tokens", "ckpt_every", "dry_run_steps"):
             require(getattr(self, key) >= 0, f"train.{key}", f"must be >= 0, got {getattr(self, key)}")
-        require(self.dtype in DTYPES, "train.dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        check_dtype(self.dtype, "train.dtype")
         require(self.sanity in SANITY_MODES, "train.sanity", f"must be one of {SANITY_MODES}, got {self.sanity!r}")
 
     def grad_accum_steps(self, world_size: int) -> int:
-        """Micro-steps per optimizer step so that B * T * world * accum == total_batch_tokens exactly."""
+        """Micro-steps per optimizer step so that B * T * world * accum == global_batch_tokens exactly."""
         assert self.seq_len is not None, "train.seq_len is resolved by PretrainRunConfig"
         per_micro = self.micro_batch_size * self.seq_len * world_size
         require(
-            self.total_batch_tokens % per_micro == 0,
-            "train.total_batch_tokens",
-            f"({self.total_batch_tokens}) must be divisible by train.micro_batch_size * train.seq_len * "
+            self.global_batch_tokens % per_micro == 0,
+            "train.global_batch_tokens",
+            f"({self.global_batch_tokens}) must be divisible by train.micro_batch_size * train.seq_len * "
             f"world_size ({self.micro_batch_size} * {self.seq_len} * {world_size} = {per_micro})",
         )
-        return self.total_batch_tokens // per_micro
+        return self.global_batch_tokens // per_micro
 
     def total_tokens(self) -> int:
-        """Token budget D of the run (max_steps * total_batch_tokens)."""
-        return self.max_steps * self.total_batch_tokens
+        """Token budget D of the run (max_steps * global_batch_tokens)."""
+        return self.max_steps * self.global_batch_tokens
 
 
 @dataclass
@@ -470,7 +465,7 @@ class EvalRunConfig:
     batch_size: int = 16
     """lm-eval batch size."""
     dtype: str = "auto"
-    """'auto' (bfloat16 on CUDA, float32 on CPU), 'float32' or 'bfloat16'."""
+    """'auto' (bf16 on CUDA, fp32 on CPU), 'fp32' or 'bf16' (lm-eval gets transformers' bfloat16 / float32)."""
     device: str = "auto"
     """'auto', 'cuda' or 'cpu'."""
     val_data: str | None = None
@@ -491,11 +486,7 @@ class EvalRunConfig:
             "tasks",
             "nothing to do: give tasks, local_tasks or val_data",
         )
-        require(
-            self.dtype in ("auto", "float32", "bfloat16"),
-            "dtype",
-            f"must be auto, float32 or bfloat16, got {self.dtype!r}",
-        )
+        check_dtype(self.dtype, "dtype")
         require(self.device in ("auto", "cuda", "cpu"), "device", f"must be auto, cuda or cpu, got {self.device!r}")
         for key in ("batch_size", "val_tokens", "val_batch_size"):
             require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")

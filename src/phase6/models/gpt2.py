@@ -13,7 +13,7 @@ Kernel choices that do not change the model are attributes set from outside: `at
 (phase6.models.fused_ce), which scores the hidden states without materialising the logits.
 
 Numerics choices (they change the loss at the bf16 noise level and are checked against the default before use,
-docs/benchmarks.md): model.residual_dtype=bfloat16 (below) and model.float8 (phase6.parallel.apply_float8 swaps the
+docs/benchmarks.md): model.residual_dtype=bf16 (below) and model.float8 (phase6.parallel.apply_float8 swaps the
 blocks' Linear layers for torchao Float8Linear before compilation).
 """
 
@@ -181,7 +181,7 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds model.block_size {self.cfg.block_size}")
         pos = torch.arange(T, device=idx.device)  # (T,)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
-        if self.cfg.residual_dtype == "bfloat16":
+        if self.cfg.residual_dtype == "bf16":
             # under bf16 autocast every branch output is bf16, so the residual adds (and the LayerNorm inputs saved
             # for backward) stay bf16 from here on instead of fp32
             x = x.to(torch.bfloat16)

@@ -65,7 +65,7 @@ def model_config_from_hf(hf_config: GPT2Config) -> GPTConfig:
         fused_ce="none",
         float8="none",
         float8_lm_head=False,
-        residual_dtype="float32",
+        residual_dtype="fp32",
         ce_vocab="padded",
     )
 

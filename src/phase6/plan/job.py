@@ -74,7 +74,7 @@ def assumptions(cfg: PlanRunConfig, spec: ModelSpec, profile: HardwareProfile) -
             tp_comm_overlap=cfg.plan.tp_comm_overlap,
             seq_len=cfg.plan.seq_len,
             global_batch_tokens=cfg.plan.global_batch_tokens,
-            micro_batch=cfg.plan.micro_batch,
+            micro_batch_size=cfg.plan.micro_batch_size,
             pp_schedule=cfg.plan.pp_schedule,
             grad_reduce_bytes=cfg.plan.grad_reduce_bytes,
             overlap="TP/EP/PP comm exposed (TP hidden behind GEMMs with tp_comm_overlap); DP grads overlap the last "
@@ -191,11 +191,11 @@ def explain(
         mem = p.memory.gib()
         s = p.setup
         lines += [
-            f"micro-batches m = global {s.global_batch_tokens:,} tok / ({T} * dp {p.layout.dp} * mb {s.micro_batch})"
+            f"micro-batches m = global {s.global_batch_tokens:,} tok / ({T} * dp {p.layout.dp} * mb {s.micro_batch_size})"
             f" = {p.num_microbatches}",
-            f"  note: plan.micro_batch = sequences per micro-batch per data-parallel replica (what torchtitan calls "
+            f"  note: plan.micro_batch_size = sequences per micro-batch per data-parallel replica (what torchtitan calls "
             f"local_batch_size / pp microbatches, Megatron --micro-batch-size); torchtitan's 'local batch' is per "
-            f"replica per step = micro_batch x m = {s.micro_batch * p.num_microbatches}",
+            f"replica per step = micro_batch_size x m = {s.micro_batch_size * p.num_microbatches}",
             f"memory/GPU (ZeRO-{s.zero} over dp*cp={p.layout.dp * p.layout.cp}, TP {p.layout.tp}, PP {p.layout.pp}, "
             f"AC {s.ac_mode}):",
             *[f"  {k:12s} {v:10.2f} GiB" for k, v in mem.items()],

@@ -46,7 +46,7 @@ class TrainSetup:
 
     seq_len: int
     global_batch_tokens: int
-    micro_batch: int = 1
+    micro_batch_size: int = 1
     zero: int = 1
     """ZeRO stage 0-3."""
     activation_checkpointing: bool = False
@@ -89,9 +89,9 @@ class TrainSetup:
         return "full" if self.activation_checkpointing else ("selective" if self.selective_ac else "none")
 
     def num_microbatches(self, layout: ParallelLayout) -> int:
-        """m = sequences per step / (dp * micro_batch); CP ranks share a sequence, TP/PP ranks share a micro-batch."""
+        """m = sequences per step / (dp * micro_batch_size); CP ranks share a sequence, TP/PP ranks share a micro-batch."""
         seqs = self.global_batch_tokens / self.seq_len
-        return max(1, math.ceil(seqs / (layout.dp * self.micro_batch)))
+        return max(1, math.ceil(seqs / (layout.dp * self.micro_batch_size)))
 
 
 def zero_state_bytes(num_params: float, zero: int, shard: int) -> tuple[float, float, float]:
@@ -107,7 +107,7 @@ def zero_state_bytes(num_params: float, zero: int, shard: int) -> tuple[float, f
 def activation_bytes_per_layer(
     model: ModelSpec,
     seq_len: int,
-    micro_batch: int,
+    micro_batch_size: int,
     tp: int = 1,
     cp: int = 1,
     flash_attention: bool = True,
@@ -118,7 +118,7 @@ def activation_bytes_per_layer(
     For GPT-2-style blocks (MHA, 4h non-gated MLP) with dropout and no flash attention this is exactly
     s·b·h·(34 + 5·a·s/h); every term divides by TP (sequence parallel) and the sequence by CP.
     """
-    s, b, h = seq_len / cp, micro_batch, model.hidden_size
+    s, b, h = seq_len / cp, micro_batch_size, model.hidden_size
     sbh = s * b * h
     norms = 2 * 2 * sbh  # inputs of the two norms
     attn = 2 * sbh  # QKV projection input
@@ -204,10 +204,10 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
     dense_shard = layout.dp * layout.cp  # FSDP/ZeRO shards over dp x cp (torchtitan dp_shard * cp)
     expert_shard = max(1, dense_shard // layout.ep)
     per_layer = activation_bytes_per_layer(
-        model, setup.seq_len, setup.micro_batch, layout.tp, layout.cp, setup.flash_attention, setup.dropout
+        model, setup.seq_len, setup.micro_batch_size, layout.tp, layout.cp, setup.flash_attention, setup.dropout
     )
     layers = math.ceil(model.num_layers / layout.pp)
-    checkpoint = 2 * setup.seq_len / layout.cp * setup.micro_batch * model.hidden_size / layout.tp  # block input
+    checkpoint = 2 * setup.seq_len / layout.cp * setup.micro_batch_size * model.hidden_size / layout.tp  # block input
     inflight = _inflight_microbatches(setup, layout.pp, m)
     best: TrainMemory | None = None
     for idx, (dense, expert) in enumerate(stage_params(model, layout.pp)):
@@ -224,7 +224,7 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
             acts = layers * stage_inflight * per_layer
         logits = 0.0
         if is_last:  # bf16 logits + fp32 copy for the loss/grad (anchors-6a §5), vocab-parallel over TP
-            logits = setup.seq_len / layout.cp * setup.micro_batch * model.vocab_size / layout.tp * (2 + 4)
+            logits = setup.seq_len / layout.cp * setup.micro_batch_size * model.vocab_size / layout.tp * (2 + 4)
         transient = 0.0
         layer_gpu = (
             model.layer_params() - model.expert_params_per_layer() + model.expert_params_per_layer() / layout.ep

@@ -16,11 +16,12 @@ from typing import Any
 
 import yaml
 
+from phase6.config import CONFIG_DIR
 from phase6.metrics import FLOPS_FORMULA
 from phase6.metrics import flops_per_token as palm_flops_per_token
 
 # Presets live next to the planner's primary config: configs/plan/model/<name>.yaml (a Hydra group of the plan job).
-PRESET_DIR = Path(__file__).resolve().parents[3] / "configs" / "plan" / "model"
+PRESET_DIR = CONFIG_DIR / "plan" / "model"
 
 # HF field-name aliases: GPT-2 uses n_layer/n_embd/n_head/n_positions, Mixtral num_local_experts, Qwen-MoE num_experts.
 _ALIASES: dict[str, tuple[str, ...]] = {
@@ -303,23 +304,98 @@ class ModelSpec:
             name=name or f"gpt2-{n_layer}L-{n_embd}",
         )
 
+    @classmethod
+    def from_trainer_config(cls, model: Any, name: str | None = None) -> ModelSpec:
+        """The shape 6A's trainer builds from a ``phase6.config.pretrain.ModelConfig`` (configs/pretrain/model/):
+        its padded vocabulary (the rows of wte / the tied lm_head), context, biases. The planner's GPT-2 presets
+        point at those files, so the trainer and the planner read one description."""
+        missing = [k for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size") if not hasattr(model, k)]
+        if missing:
+            raise ValueError(f"model config lacks {', '.join(missing)}")
+        return cls.gpt2(
+            model.n_layer,
+            model.n_head,
+            model.n_embd,
+            getattr(model, "padded_vocab_size", model.vocab_size),
+            model.block_size,
+            bias=getattr(model, "bias", True),
+            name=name or getattr(model, "name", None),
+        )
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any], name: str | None = None, source: str = "config") -> ModelSpec:
+        """A preset's fields: 6A's trainer description (``block_size``: configs/pretrain/model/) or HF config.json."""
+        if "block_size" not in fields:
+            return cls.from_hf_config(fields, name=name, source=source)
+        from phase6.config.pretrain import ModelConfig
+
+        try:
+            trainer_cfg = ModelConfig(**fields)
+        except TypeError as e:  # an unknown field
+            raise ValueError(f"{source}: not a 6A model description ({e})") from e
+        return cls.from_trainer_config(trainer_cfg, name=name)
+
 
 def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
 def load_preset(name: str) -> dict[str, Any]:
-    """The stored HF config.json fields of a preset (configs/plan/model/<name>.yaml)."""
+    """The stored fields of a preset (configs/plan/model/<name>.yaml): HF config.json fields, or 6A's trainer
+    description that the file names in its Hydra defaults list (``- /pretrain/model@_here_: gpt2_124m``)."""
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(
             f"model: unknown preset {name!r}; known: {', '.join(list_presets())} "
             f"(or pass plan.hf_config=PATH/config.json)"
         )
+    return _load_yaml_with_defaults(path)
+
+
+def load_hf_fields(name: str) -> dict[str, Any]:
+    """A preset as HF config.json fields (what transformers builds from): a 6A trainer description becomes the
+    GPT2Config of the same shape (its real vocabulary: the HF export drops the padding rows)."""
+    fields = load_preset(name)
+    if "block_size" not in fields:
+        return fields
+    keys = ("n_layer", "n_head", "n_embd", "vocab_size")
+    return {
+        "name": fields.get("name", name),
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        **{k: fields[k] for k in keys},
+        "n_positions": fields["block_size"],
+        "n_ctx": fields["block_size"],
+    }
+
+
+def _load_yaml_with_defaults(path: Path) -> dict[str, Any]:
+    """A group option's mapping with the ``/<group>@_here_: <option>`` entries of its defaults list merged in, in
+    Hydra's order (entries before ``_self_`` are overridden by the file's own keys); what ``phase6 plan`` composes."""
     data = yaml.safe_load(path.read_text())
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of HF config.json fields")
-    return data
+        raise ValueError(f"{path}: expected a mapping")
+    defaults = data.pop("defaults", [])
+    out: dict[str, Any] = {}
+    own_merged = False
+    for entry in defaults:
+        if entry == "_self_":
+            out.update(data)
+            own_merged = True
+            continue
+        if not (isinstance(entry, dict) and len(entry) == 1):
+            raise ValueError(f"{path}: defaults entry {entry!r} is not '/<group>@_here_: <option>'")
+        ((group, option),) = entry.items()
+        group_path, _, package = str(group).partition("@")
+        if not group_path.startswith("/") or package != "_here_":
+            raise ValueError(f"{path}: defaults entry {entry!r} is not '/<group>@_here_: <option>'")
+        target = CONFIG_DIR / group_path.lstrip("/") / f"{option}.yaml"
+        if not target.is_file():
+            raise ValueError(f"{path}: defaults entry {entry!r}: no such file {target}")
+        out.update(_load_yaml_with_defaults(target))
+    if not own_merged:
+        out.update(data)
+    return out
 
 
 # The Qwen2Config fields that fix a Qwen2 model's shapes and numerics (what a random-weight "dummy" model needs).
@@ -368,7 +444,7 @@ def resolve_model(model: dict[str, Any] | str, hf_config: str | None = None) -> 
     if hf_config:
         return ModelSpec.from_hf_config(load_hf_config(hf_config), name=Path(hf_config).stem, source=str(hf_config))
     if isinstance(model, str):
-        return ModelSpec.from_hf_config(load_preset(model), name=model, source=f"configs/plan/model/{model}.yaml")
+        return ModelSpec.from_fields(load_preset(model), name=model, source=f"configs/plan/model/{model}.yaml")
     fields = {k: v for k, v in model.items() if k != "name"}
     name = str(model.get("name") or fields.get("_name_or_path") or "model")
-    return ModelSpec.from_hf_config(fields, name=name, source=f"model ({name})")
+    return ModelSpec.from_fields(fields, name=name, source=f"model ({name})")

@@ -1,7 +1,7 @@
 """Predict-first numbers for 6A (GPT-2 124M / 350M / 1B pretraining): tokens/s, MFU, memory (DDP vs FSDP2), loss.
 
     from phase6.plan.pretrain import predict_pretrain
-    pred = predict_pretrain(cfg.model, cfg.hardware, seq_len=1024, micro_batch=64, num_gpus=1, parallel="ddp",
+    pred = predict_pretrain(cfg.model, cfg.hardware, seq_len=1024, micro_batch_size=64, num_gpus=1, parallel="ddp",
                             train_tokens=10e9)
     rec.finish(rows, predicted=pred.predicted(), measured={...same metric keys...})
 
@@ -118,22 +118,13 @@ def predict_loss(n_params: float, tokens: float, reference: LossReference = LLMC
 
 
 def spec_from(model: ModelSpec | Any) -> ModelSpec:
-    """A ModelSpec, or one built from a GPT-2 config object with n_layer/n_head/n_embd/block_size (6A ModelConfig)."""
+    """A ModelSpec, or the one 6A's trainer builds from a GPT-2 ModelConfig (``ModelSpec.from_trainer_config``)."""
     if isinstance(model, ModelSpec):
         return model
-    missing = [k for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size") if not hasattr(model, k)]
-    if missing:
-        raise ValueError(f"predict_pretrain: model config lacks {', '.join(missing)}")
-    vocab = getattr(model, "padded_vocab_size", model.vocab_size)
-    return ModelSpec.gpt2(
-        model.n_layer,
-        model.n_head,
-        model.n_embd,
-        vocab,
-        model.block_size,
-        bias=getattr(model, "bias", True),
-        name=getattr(model, "name", None),
-    )
+    try:
+        return ModelSpec.from_trainer_config(model)
+    except ValueError as e:
+        raise ValueError(f"predict_pretrain: {e}") from e
 
 
 @dataclass
@@ -145,8 +136,8 @@ class PretrainPrediction:
     matmul_params: int
     flops_per_token: float
     seq_len: int
-    micro_batch: int
-    grad_accum: int
+    micro_batch_size: int
+    grad_accum_steps: int
     num_gpus: int
     parallel: str
     mfu_assumed: float
@@ -249,8 +240,8 @@ def predict_pretrain(
     hardware: HardwareConfig | HardwareProfile,
     *,
     seq_len: int,
-    micro_batch: int,
-    grad_accum: int = 1,
+    micro_batch_size: int,
+    grad_accum_steps: int = 1,
     num_gpus: int = 1,
     parallel: str = "ddp",
     mfu: float | None = None,
@@ -269,8 +260,8 @@ def predict_pretrain(
         raise ValueError(f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
     for k, v in (
         ("seq_len", seq_len),
-        ("micro_batch", micro_batch),
-        ("grad_accum", grad_accum),
+        ("micro_batch_size", micro_batch_size),
+        ("grad_accum_steps", grad_accum_steps),
         ("num_gpus", num_gpus),
     ):
         if v < 1:
@@ -280,12 +271,12 @@ def predict_pretrain(
     # mfu=None: kernel-level compute (GEMM/attention/memory-bound rates of the hardware) + exposed comm, no prior.
     mfu_source = "given" if mfu is not None else f"kernel-level model: {profile.kernel_source()}"
     layout = ParallelLayout(dp=num_gpus)
-    tokens = seq_len * micro_batch * grad_accum * num_gpus
+    tokens = seq_len * micro_batch_size * grad_accum_steps * num_gpus
     setups = {
         name: TrainSetup(
             seq_len=seq_len,
             global_batch_tokens=tokens,
-            micro_batch=micro_batch,
+            micro_batch_size=micro_batch_size,
             zero=zero,
             activation_checkpointing=activation_checkpointing,
             grad_reduce_bytes=grad_reduce_bytes,
@@ -304,8 +295,8 @@ def predict_pretrain(
         matmul_params=spec.num_matmul_params(),
         flops_per_token=spec.flops_per_token(seq_len),
         seq_len=seq_len,
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
+        micro_batch_size=micro_batch_size,
+        grad_accum_steps=grad_accum_steps,
         num_gpus=num_gpus,
         parallel=parallel,
         mfu_assumed=mfu or 0.0,

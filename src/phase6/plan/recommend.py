@@ -153,7 +153,7 @@ def train_candidates(
         setup = TrainSetup(
             seq_len=plan.seq_len,
             global_batch_tokens=plan.global_batch_tokens,
-            micro_batch=plan.micro_batch,
+            micro_batch_size=plan.micro_batch_size,
             zero=zero,
             activation_checkpointing=ac == "full",
             selective_ac=ac == "selective",

@@ -301,7 +301,7 @@ def compute_breakdown(
     # xla/service/gpu/model/matmul_interpolator_data.h) fits t = FLOPs / 783 TF + 5-7 us for K >= 1024 (2048^3: 632 TF,
     # 2048x1024x2048: 523 TF, 4096^3: 783 TF). Calls per block and micro-batch: 4 linear groups (QKV, out, up/gate,
     # down) x (forward, dgrad, wgrad, + 1 forward with full AC, + 1/2 with selective AC); the head 3 per micro-batch.
-    m_steps = max(1, round(tokens_gpu / (setup.micro_batch * setup.seq_len / layout.cp)))
+    m_steps = max(1, round(tokens_gpu / (setup.micro_batch_size * setup.seq_len / layout.cp)))
     passes = 3.0 + extra_mm / 2.0
     body_calls = 4 * passes * layers * m_steps
     head_calls = 3 * m_steps
@@ -366,7 +366,7 @@ def predict_train_step(
     """
     dp, tp, pp, ep, cp = layout.dp, layout.tp, layout.pp, layout.ep, layout.cp
     m = setup.num_microbatches(layout)
-    s_local, mb, h = setup.seq_len / cp, setup.micro_batch, model.hidden_size
+    s_local, mb, h = setup.seq_len / cp, setup.micro_batch_size, model.hidden_size
     tokens_step = float(m * mb * dp * setup.seq_len)
     model_flops = model.flops_per_token(setup.seq_len) * tokens_step
     if mfu is not None:

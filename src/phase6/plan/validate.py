@@ -80,7 +80,7 @@ def load_cases(path: str | Path = CASES_PATH) -> list[Case]:
 
 def case_model(case: Case) -> ModelSpec:
     if isinstance(case.model, str):
-        return ModelSpec.from_hf_config(load_preset(case.model), name=case.model, source=f"{case.id}: model")
+        return ModelSpec.from_fields(load_preset(case.model), name=case.model, source=f"{case.id}: model")
     return ModelSpec.from_hf_config(dict(case.model), name=case.id, source=f"{case.id}: model")
 
 

@@ -69,7 +69,7 @@ def build_random_chat_model(out_dir: str | Path, kind: str = "tiny", seed: int =
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from phase6.plan.model import load_preset
+    from phase6.plan.model import load_hf_fields
     from phase6.posttrain.tiny import build_tiny_tokenizer
 
     out = Path(out_dir)
@@ -89,7 +89,7 @@ def build_random_chat_model(out_dir: str | Path, kind: str = "tiny", seed: int =
             "max_position_embeddings": 4096,
         }
     else:
-        fields = {k: v for k, v in load_preset(kind).items() if k not in ("name", "architectures", "torch_dtype")}
+        fields = {k: v for k, v in load_hf_fields(kind).items() if k not in ("name", "architectures", "torch_dtype")}
     # Untied LM head: with tied embeddings a random model's greedy argmax repeats its input token forever
     # (one "\n" after the chat template), and `transformers serve` then streams the whole answer as one chunk.
     fields.update(
