@@ -253,6 +253,7 @@ SPLITWISE_TOKEN_BY_TOKENS = {
     # (medians, ms; data/perf_model.csv, Llama2-70B TP8). A batch of B decodes costs what one decode after a
     # B-token prompt costs, so the batch growth the profile measured (batch axis, SPLITWISE_PROFILE) is not seen.
     # Its notebook also reads the unloaded-A100 TBT of a request here at its prompt size (``add_baseline_perf``).
+    # Below 128 tokens held at the 128 value (interp1d extrapolates: 31.5 ms at 1 on H100, 42.8 ms at 50 on A100).
     "a100_80gb": [(128, 43.03), (256, 43.48), (512, 45.03), (1024, 44.56), (2048, 45.7), (4096, 46.47),
                   (8192, 48.47), (16384, 53.02), (32768, 71.61)],
     "h100_sxm": [(128, 29.87), (256, 28.27), (512, 30.56), (1024, 29.97), (2048, 31.63), (4096, 31.33),
@@ -378,8 +379,8 @@ def splitwise(shared: Path, log: Callable[[str], None], seconds: float = SPLITWI
                 "which lends machines between pools under overload, is not modelled); prefill = Splitwise's measured "
                 "profile by tokens in the step; "
                 + (
-                    "decode and KV as splitwise-sim prices them: token time by tokens in the iteration (~30 ms at "
-                    "any batch <= 512 on H100), KV 2.62 MB per token (no GQA: 411 blocks per machine)"
+                    "decode and KV as splitwise-sim prices them: token time by tokens in the iteration (28-31 ms "
+                    "at any batch <= 512 on H100), KV 2.62 MB per token (no GQA: 411 blocks per machine)"
                     if name == "splitwise-sim"
                     else "decode = the profile's measured batch axis (29.8 ms at 1 to 50.2 ms at 64, linear past 64), "
                     "the planner's KV room (GQA)"
