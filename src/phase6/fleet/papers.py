@@ -259,10 +259,10 @@ SPLITWISE_TOKEN_BY_TOKENS = {
     "h100_sxm": [(128, 29.87), (256, 28.27), (512, 30.56), (1024, 29.97), (2048, 31.63), (4096, 31.33),
                  (8192, 32.59), (16384, 38.62), (32768, 50.16)],
 }  # fmt: skip
-SPLITWISE_BATCH = {"max_num_seqs": 512, "max_batched_tokens": 2048, "chunked_prefill": False}
-"""Splitwise's instances (splitwise-sim configs/start_state/splitwise.yaml, prompt and token alike): max_batch_size
-512, max_batch_tokens 2048, whole prompts (its performance model "assumes that prompts are always processed fully"):
-a prompt batch adds prompts FCFS while their tokens fit 2048, the first always (instance.py
+SPLITWISE_ENGINE = EngineConfig(tp=8, max_num_seqs=512, max_batched_tokens=2048, chunked_prefill=False)
+"""Splitwise's instances, TP8 per DGX (splitwise-sim configs/start_state/splitwise.yaml, prompt and token alike):
+max_batch_size 512, max_batch_tokens 2048, whole prompts (its performance model "assumes that prompts are always
+processed fully"): a prompt batch adds prompts FCFS while their tokens fit 2048, the first always (instance.py
 ``SplitwiseInstance.select_batch``)."""
 SPLITWISE_SIM_KV_BLOCKS = int((8 * 80 * 2**30 - 135e9) / (2 * 8192 * 80 * 2) // BLOCK_TOKENS)
 """KV room of a DGX-H100 in splitwise-sim: 8 x 80 GiB (hardware_repo h100-80gb memory_size) - 135 GB of Llama2-70B
@@ -322,32 +322,26 @@ def splitwise(shared: Path, log: Callable[[str], None], seconds: float = SPLITWI
     growth its profile measured and the planner's KV room."""
     spec = resolve_model("llama3.1-70b")
     lengths = load_azure(shared / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv")
-    eng = EngineConfig(tp=8, **SPLITWISE_BATCH)  # type: ignore[arg-type]
+    eng = SPLITWISE_ENGINE
     prof = profile_model("h100_sxm")
     sim_model = TableStepTime(0.0, [(b, ms / 1e3) for b, ms in SPLITWISE_TOKEN_BY_TOKENS["h100_sxm"]],
                               "splitwise-sim DatabasePerformanceModel (h100_sxm)", prof.prefill_points)  # fmt: skip
     alone = replace(setup_for(spec, _hw("a100_80gb"), EngineConfig(tp=8)), model=profile_model("a100_80gb"))
+    tbt0 = SPLITWISE_TOKEN_BY_TOKENS["a100_80gb"]  # the SLO's unloaded TBT, as its notebook reads it (both rows)
     slo = SLOConfig(attainment=0.9)
-    traces: dict[float, Workload] = {}
-
-    def trace(rate: float) -> Workload:
-        if rate not in traces:
-            traces[rate] = splitwise_workload(lengths, rate, seconds)
-        return traces[rate]
-
     variants = {
-        "splitwise-sim": (
-            replace(setup_for(spec, _hw("h100_sxm"), replace(eng, kv_blocks=SPLITWISE_SIM_KV_BLOCKS)), model=sim_model),
-            SPLITWISE_TOKEN_BY_TOKENS["a100_80gb"],
+        "splitwise-sim": replace(
+            setup_for(spec, _hw("h100_sxm"), replace(eng, kv_blocks=SPLITWISE_SIM_KV_BLOCKS)), model=sim_model
         ),
-        "measured": (replace(setup_for(spec, _hw("h100_sxm"), eng), model=prof), None),
+        "measured": replace(setup_for(spec, _hw("h100_sxm"), eng), model=prof),
     }
     out = []
-    for name, (st, tbt0) in variants.items():
+    for name, st in variants.items():
 
-        def run_at(topo: Topology, st: FleetSetup = st, tbt0: Any = tbt0) -> Callable[[float], dict[str, Any]]:
+        def run_at(topo: Topology, st: FleetSetup = st) -> Callable[[float], dict[str, Any]]:
             def f(rate: float) -> dict[str, Any]:
-                ok = splitwise_meets(st.run(trace(rate), topo, "prefix_aware"), alone, tbt0)
+                w = splitwise_workload(lengths, rate, seconds)
+                ok = splitwise_meets(st.run(w, topo, "prefix_aware"), alone, tbt0)
                 return {"slo_attainment": 1.0 if ok else 0.0}
 
             return f
