@@ -233,6 +233,32 @@ def test_papers_claim_verdicts_and_splitwise_slo() -> None:
     assert not splitwise_meets(st.run(w.at_rate(200.0), Topology(prefill=1, decode=1), "least_loaded"), alone)
 
 
+def test_splitwise_trace_batching_and_slowdown_as_splitwise_sim() -> None:
+    """splitwise-sim's trace (Poisson at the rate for the stated seconds, lengths drawn from the trace's columns; a
+    higher rate's trace starts with the same draws), its KV room (no GQA: 411 blocks of 512 on a DGX-H100) and its
+    TBT slowdown ((E2E - TTFT) / output tokens against the unloaded token time read at the prompt size)."""
+    from phase6.fleet.papers import SPLITWISE_SIM_KV_BLOCKS, splitwise_meets, splitwise_workload
+
+    assert SPLITWISE_SIM_KV_BLOCKS == 411
+    lengths = synthetic(500, 1.0, [RequestClass(1.0, 100, 3000, 5, 400)], 1)
+    w = splitwise_workload(lengths, 50.0, 60.0)
+    assert abs(len(w) - 3000) < 4 * math.sqrt(3000) and w.arrival_s[-1] < 60.0 and w.arrival_s[0] == 0.0
+    gaps = np.diff(w.arrival_s)
+    assert abs(gaps.mean() - 1 / 50) < 0.1 / 50 and abs(gaps.std() / gaps.mean() - 1) < 0.1  # exponential
+    assert set(w.input_tokens.tolist()) <= set(lengths.input_tokens.tolist())
+    assert set(w.output_tokens.tolist()) <= set(lengths.output_tokens.tolist())
+    w2 = splitwise_workload(lengths, 100.0, 60.0)
+    assert np.array_equal(w2.input_tokens[: len(w)], w.input_tokens)
+    assert np.allclose(w2.arrival_s[: len(w)], w.arrival_s / 2)
+    # one request alone on an idle fleet: its TTFT is the unloaded prefill, its (E2E - TTFT) / n is one step per token
+    one = Workload(np.zeros(1), np.array([1000]), np.array([100]), np.zeros(1, dtype=np.int64), None, "one")
+    st = setup_for(SPEC, HW, ENG)
+    res = st.run(one, Topology(prefill=1, decode=1), "least_loaded")
+    step = st.model.decode_run_s(1, 1001, 1)
+    assert splitwise_meets(res, st, [(1.0, step * 1e3 / 1.2)])  # TBT slowdown 1.2 <= 1.25
+    assert not splitwise_meets(res, st, [(1.0, step * 1e3 / 1.3)])  # 1.3 > 1.25
+
+
 def test_decode_seq_cost_is_per_row_of_every_step() -> None:
     """engine.decode_seq_ms adds rows x cost to every step and decode run (vllm profile), and to every padded row of a
     torch-tp CUDA-graph decode (58 running rows compute the 64-row graph)."""

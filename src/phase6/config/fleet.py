@@ -358,7 +358,8 @@ class AnalysisConfig:
     """Build the table of published claims (Mooncake, DistServe, Splitwise) vs simulated (phase6.fleet.papers);
     needs the traces of ../shared/data (or $PHASE6_SHARED_DATA)."""
     papers_requests: int = 1000
-    """Requests per simulated trace in the papers table (the Splitwise run takes 4x this)."""
+    """Requests per simulated trace in the papers table (not the Splitwise rows: they replay splitwise-sim's 2-minute
+    traces, rate x 120 s requests)."""
     compare_with: str | None = None
     """A `phase6 serve-bench` run dir (or its results.json) or -m sweep dir: replay each closed-loop run's requests
     in the simulator and report the errors (phase6.fleet.compare)."""
