@@ -118,14 +118,14 @@ TORCH_TP = {"profile": "torch-tp", "max_model_len": 4096, "cuda_graphs": True}  
 
 
 def planted_sweep(
-    tmp_path: Path, profile: dict[str, object] = TORCH_TP
+    tmp_path: Path, profile: dict[str, object] = TORCH_TP, planted: dict[str, float] = PLANTED
 ) -> tuple[Path, FleetRunConfig, FleetSetup, EngineConfig]:
     """A 'measured' sweep C=1/16/64 made by the simulator with step overhead 3 ms, prefill overhead 40 ms and prefill
     MFU 0.35, requests of the 6B H200 load (prompts 100-1000, outputs 64-128), under the recorded torch-tp limits
     (64 seqs, 16384) and, by default, the torch-tp engine profile its config.yaml implies (cuda-graphs, 4096)."""
     cfg = FleetRunConfig(hardware=HW, model="llama3.1-8b", engine=EngineConfig(tp=1))
     setup = build_setup(cfg)
-    true_eng = dataclasses.replace(cfg.engine, **PLANTED, max_num_seqs=64, max_batched_tokens=16384, **profile)
+    true_eng = dataclasses.replace(cfg.engine, **planted, max_num_seqs=64, max_batched_tokens=16384, **profile)
     limits = EngineLimits(64, 16384, kv_capacity_blocks(setup.spec, HW, true_eng))
     true = dataclasses.replace(setup, model=build_step_model(setup.spec, HW, true_eng), engine=true_eng, limits=limits)
     rng = np.random.default_rng(0)
@@ -192,6 +192,32 @@ def test_calibration_on_c1_predicts_c16_c64(tmp_path: Path) -> None:
     check_serve_bench(
         sweep, dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis, compare_calibrate=False))
     )
+
+
+PLANTED_VLLM = {"step_overhead_ms": 3.0, "request_overhead_ms": 40.0, "prefill_overhead_ms": 0.0, "prefill_mfu": 0.35}
+
+
+def test_vllm_calibration_charges_the_ttft_intercept_per_request(tmp_path: Path) -> None:
+    """On a vllm replica the C=1 TTFT intercept is fitted as request_overhead_ms (once per request, outside the
+    steps), recovering the planted 40 ms, and C=16/64 are then predicted exactly. Charging the same 40 ms to every
+    step that carries a prefill chunk instead (prefill_overhead_ms) fits C=1 as well but makes loaded decodes wait
+    for it: TPOT at C=64 comes out far too high."""
+    sweep, cfg, setup, _ = planted_sweep(tmp_path, profile={}, planted=PLANTED_VLLM)
+    runs, _ = load_serve_bench(sweep)
+    engine, limits, _, _ = replica_config(runs[0], cfg, setup, "vllm")
+    fit = calibrate(setup, runs[0], engine, limits)
+    for k, v in PLANTED_VLLM.items():
+        assert getattr(fit, k) == pytest.approx(v, rel=1e-4, abs=1e-9), k
+    out, _ = compare_serve_bench(sweep, cfg, setup, profile="vllm")
+    assert "request overhead 40.0 ms (per request, outside the steps)" in out[0]["calibration"]
+    for o in out:
+        assert abs(o["ttft_err_pct"]) < 0.01 and abs(o["tpot_err_pct"]) < 0.01 and o["within_20pct"], o
+    per_step = dataclasses.replace(
+        cfg.engine, **{**PLANTED_VLLM, "request_overhead_ms": 0.0, "prefill_overhead_ms": 40.0}
+    )
+    wrong, _ = compare_serve_bench(sweep, dataclasses.replace(cfg, engine=per_step), setup, False, profile="vllm")
+    assert abs(wrong[0]["ttft_err_pct"]) < 1  # C=1: the same TTFT either way
+    assert wrong[2]["tpot_err_pct"] > 20  # C=64: every step with a prompt chunk pays 40 ms
 
 
 def test_prefill_fit_is_robust_to_a_stray_request(tmp_path: Path) -> None:
