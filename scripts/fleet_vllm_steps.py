@@ -109,7 +109,9 @@ def main(sweep: str, model: str, hardware: str = "h200") -> None:
     print(f"C=1 calibration: {fdesc}\n")
 
     print("1. decode-only steps vs the roofline (no step overhead, no per-row cost)")
-    print("| C | rows | steps | measured p50 ms | roofline p50 ms | measured - roofline ms |\n|---|---|---|---|---|---|")
+    print(
+        "| C | rows | steps | measured p50 ms | roofline p50 ms | measured - roofline ms |\n|---|---|---|---|---|---|"
+    )
     bare = dataclasses.replace(fit, step_overhead_ms=0.0, decode_seq_ms=0.0, mixed_step="serial")
     m0 = planner_model(setup.spec, hw, bare)
     pts = []

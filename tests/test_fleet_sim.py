@@ -412,7 +412,7 @@ def test_engine_cost_defaults_follow_the_profile() -> None:
         p: (e.resolved_step_overhead_ms, e.resolved_decode_seq_ms, e.resolved_request_overhead_ms)
         for p, e in (("vllm", v), ("torch-tp", t))
     }
-    assert got == {"vllm": (0.0, 0.0075, 8.8), "torch-tp": (5.0, 0.06, 0.0)}
+    assert got == {"vllm": (0.0, 0.0066, 8.8), "torch-tp": (5.0, 0.06, 0.0)}
     assert set(PROFILE_DEFAULTS) == {"vllm", "torch-tp"}
     assert dataclasses.replace(v, profile="torch-tp").resolved_step_overhead_ms == 5.0
     assert EngineConfig(step_overhead_ms=2.5, request_overhead_ms=0.0).resolved_step_overhead_ms == 2.5

@@ -25,7 +25,7 @@ PROFILE_DEFAULTS: dict[str, dict[str, float]] = {
     "vllm": {
         # vLLM 0.26.0, Qwen2.5-14B TP=1 (docs/benchmarks.md "Fleet simulator vs the measured vLLM rows"):
         "step_overhead_ms": 0.0,  # C=1 TPOT 8.71 ms is the roofline's 8.83 with no fixed cost (C=1 fit: 0.00 ms)
-        "decode_seq_ms": 0.0075,  # decode-only steps at 1 / 16 / 64 rows: +0.47 ms from 1 to 64 rows vs the roofline
+        "decode_seq_ms": 0.0066,  # decode-only steps at 1 / 16 / 64 rows vs the roofline: +0.43 ms from 1 to 64 rows
         "request_overhead_ms": 8.8,  # client TTFT - vLLM's own prefill time, six C=1 runs on one server (mean)
     },
     "torch-tp": {
@@ -154,7 +154,7 @@ class EngineConfig:
     (:data:`PROFILE_DEFAULTS`: vllm 0.0, torch-tp 5.0). `analysis.compare_with` refits it on a serve-bench run."""
     decode_seq_ms: float | None = None
     """Cost of each decode row a step carries, ms, on top of the roofline (torch-tp: each row of the padded CUDA-graph
-    batch); null = the profile's measured default (:data:`PROFILE_DEFAULTS`: vllm 0.0075, torch-tp 0.06). Engines of
+    batch); null = the profile's measured default (:data:`PROFILE_DEFAULTS`: vllm 0.0066, torch-tp 0.06). Engines of
     the vLLM 0.2 era paid ~0.3 ms (Splitwise's measured A100/H100 profile; ``experiment=papers`` states where it uses
     that)."""
     request_overhead_ms: float | None = None
@@ -180,10 +180,11 @@ class EngineConfig:
     cuda_graphs: bool = False
     """torch-tp: --cuda-graphs (decode padded to (batch, KV length) buckets; the server's default is off: eager
     decode, exact batch, every row attending to the longest row's length)."""
-    mixed_step: str = "serial"
-    """vllm profile: cost of a step mixing prefill and decode (phase6.fleet.interference): serial (GEMMs over all
-    tokens, then prefill attention, then the decode rows' KV read: kernels do not overlap) | overlap (the planner's
-    max(compute, memory) of the whole batch)."""
+    mixed_step: str = "overlap"
+    """vllm profile: cost of a step mixing prefill and decode (phase6.fleet.interference): overlap (the planner's
+    max(compute, memory) of the whole batch: the decode rows' KV read hides under the prefill chunk's compute, as
+    measured on vLLM 0.26, whose mixed batch is one attention kernel; docs/fleet.md "Mixed steps on vLLM") | serial
+    (GEMMs over all tokens, then prefill attention, then the decode rows' KV read: kernels that do not overlap)."""
     chunked_prefill: bool = True
     """vllm profile: True = vLLM V1 (decodes first, prompts chunked into the rest of the budget); False = vLLM V0's
     default scheduler (the baselines of DistServe and Mooncake): whole prompts in prefill-only steps that pause the
