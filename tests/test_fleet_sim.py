@@ -413,7 +413,9 @@ def test_engine_cost_defaults_follow_the_profile() -> None:
         for p, e in (("vllm", v), ("torch-tp", t))
     }
     assert got == {"vllm": (0.0, 0.0066, 8.8), "torch-tp": (5.0, 0.06, 0.0)}
-    assert set(PROFILE_DEFAULTS) == {"vllm", "torch-tp"}
+    assert set(PROFILE_DEFAULTS) == {"vllm", "vllm-v0", "torch-tp"}
+    v0 = EngineConfig(chunked_prefill=False)  # vLLM V0's scheduler: not vLLM 0.26, keeps the earlier stand-ins
+    assert (v0.resolved_step_overhead_ms, v0.resolved_decode_seq_ms, v0.resolved_request_overhead_ms) == (5.0, 0.06, 0)
     assert dataclasses.replace(v, profile="torch-tp").resolved_step_overhead_ms == 5.0
     assert EngineConfig(step_overhead_ms=2.5, request_overhead_ms=0.0).resolved_step_overhead_ms == 2.5
     assert EngineConfig(request_overhead_ms=0.0).resolved_request_overhead_ms == 0.0

@@ -28,6 +28,15 @@ PROFILE_DEFAULTS: dict[str, dict[str, float]] = {
         "decode_seq_ms": 0.0066,  # decode-only steps at 1 / 16 / 64 rows vs the roofline: +0.43 ms from 1 to 64 rows
         "request_overhead_ms": 8.8,  # client TTFT - vLLM's own prefill time, six C=1 runs on one server (mean)
     },
+    "vllm-v0": {
+        # vllm profile with engine.chunked_prefill=false: vLLM V0's scheduler, the 2023-24 engines the papers compare
+        # against (DistServe's and Mooncake's baselines). Not measured here; vLLM 0.26's near-zero costs do not
+        # transfer to it (V1 was rebuilt to cut the V0 engine's per-step CPU work), so it keeps the defaults it had
+        # before the per-profile split (phase6's own engine's, below) as a stand-in.
+        "step_overhead_ms": 5.0,
+        "decode_seq_ms": 0.06,
+        "request_overhead_ms": 0.0,
+    },
     "torch-tp": {
         # phase6.serving.tp_server (docs/benchmarks.md "Validation on the compiled-prefill engine", "Per-row ..."):
         "step_overhead_ms": 5.0,  # TPOT at C=1 minus the weight read, 4.46 / 4.95 ms at TP=1 / 2
@@ -151,17 +160,17 @@ class EngineConfig:
     """Planner: per-GPU memory outside weights and KV (CUDA context, NCCL buffers, activations), GiB."""
     step_overhead_ms: float | None = None
     """Planner: fixed per-step cost (scheduler, sampling, launches), ms; null = the profile's measured default
-    (:data:`PROFILE_DEFAULTS`: vllm 0.0, torch-tp 5.0). `analysis.compare_with` refits it on a serve-bench run."""
+    (:data:`PROFILE_DEFAULTS`: vllm 0.0, torch-tp 5.0, vllm without chunked prefill 5.0). `analysis.compare_with` refits it on a serve-bench run."""
     decode_seq_ms: float | None = None
     """Cost of each decode row a step carries, ms, on top of the roofline (torch-tp: each row of the padded CUDA-graph
-    batch); null = the profile's measured default (:data:`PROFILE_DEFAULTS`: vllm 0.0066, torch-tp 0.06). Engines of
+    batch); null = the profile's measured default (:data:`PROFILE_DEFAULTS`: vllm 0.0066, torch-tp and vllm-v0 0.06). Engines of
     the vLLM 0.2 era paid ~0.3 ms (Splitwise's measured A100/H100 profile; ``experiment=papers`` states where it uses
     that)."""
     request_overhead_ms: float | None = None
     """Fixed time every request spends outside the engine's steps before its first token, ms: the API server (HTTP,
     chat template, tokenisation), the hand-off to the engine and back; charged once per request (to TTFT and E2E,
     the request enters the engine's queue this long after it arrives), never to a step. null = the profile's measured
-    default (:data:`PROFILE_DEFAULTS`: vllm 8.8, torch-tp 0, whose per-request work sits in its per-step prefill
+    default (:data:`PROFILE_DEFAULTS`: vllm 8.8, vllm-v0 0, torch-tp 0, whose per-request work sits in its per-step prefill
     overhead). `analysis.compare_with` refits it on a vLLM run (the C=1 TTFT intercept)."""
     prefill_overhead_ms: float = 0.0
     """Planner: extra fixed cost of a step that prefills, ms (plan EfficiencyConfig.prefill_overhead_ms); calibrate
@@ -284,7 +293,13 @@ class EngineConfig:
 
     def _cost(self, key: str) -> float:
         v = getattr(self, key)
-        return float(PROFILE_DEFAULTS[self.profile][key] if v is None else v)
+        return float(PROFILE_DEFAULTS[self.defaults_key][key] if v is None else v)
+
+    @property
+    def defaults_key(self) -> str:
+        """The :data:`PROFILE_DEFAULTS` entry of this engine: its profile; vllm-v0 for the vllm profile without
+        chunked prefill (vLLM V0's scheduler)."""
+        return "vllm-v0" if self.profile == "vllm" and not self.chunked_prefill else self.profile
 
     @property
     def resolved_step_overhead_ms(self) -> float:
