@@ -124,11 +124,10 @@ def test_tbt_slo_makes_stalled_requests_bad() -> None:
     _, _, (r, _) = _one_long_prefill_among_decodes(False)
     hw = HW
     loose = summarize(r, SLOConfig(ttft_ms=60_000, tpot_ms=1000), hw)
-    # decode steps ~7.3 ms; the stalled requests' slowest 10 % (20 gaps) hold the ~208 ms prefill: tail ~17-18 ms
-    tight = summarize(r, SLOConfig(ttft_ms=60_000, tpot_ms=1000, tbt_ms=12.0), hw)
+    tight = summarize(r, SLOConfig(ttft_ms=60_000, tpot_ms=1000, tbt_ms=20.0), hw)
     assert loose["slo_attainment"] == 1.0
     assert tight["slo_attainment"] == pytest.approx(1 / 9)  # only the long request itself (5 tokens, after it)
-    assert tight["tbt_tail_p50_ms"] > 12.0
+    assert tight["tbt_tail_p50_ms"] > 20.0
 
 
 def test_serial_mixed_step_adds_the_decode_kv_read() -> None:

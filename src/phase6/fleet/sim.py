@@ -11,7 +11,9 @@ A replica step (vLLM V1 scheduling): every running decode sequence contributes o
 new admissions: a waiting request is admitted (FCFS, head-of-line) only while the step has budget left, fewer than
 ``max_num_seqs`` sequences run and its KV blocks (prompt + output, 512 tokens each, minus cached prefix blocks) fit,
 evicting LRU prefix blocks if needed; KV is reserved for the whole output at admission (no preemption). The step that completes a prompt produces
-the first token (TTFT); each later step produces one token (TPOT = (E2E - TTFT) / (output - 1)).
+the first token (TTFT); each later step produces one token (TPOT = (E2E - TTFT) / (output - 1)). A request reaches
+the router ``request_delay_s`` after it arrives (``engine.request_overhead_ms``: the API server's per-request work),
+which TTFT and E2E include and no step does.
 
 Decode-only runs: when no prefill work is pending, the batch cannot change before its next sequence finishes, so
 the replica schedules one event at the end of those k steps (closed-form sum of step times). An arrival in the

@@ -159,7 +159,7 @@ def planner_model(
     spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig, tp: int | None = None
 ) -> ServeCostModel:
     """The planner's serving step-time model for one replica of ``tp`` (default ``engine.tp``) GPUs; mixed steps
-    priced as serial kernels (``phase6.fleet.interference``) unless ``engine.mixed_step=overlap``, plus
+    priced as serial kernels (``phase6.fleet.interference``) when ``engine.mixed_step=serial``, plus
     ``engine.decode_seq_ms`` per decode row of a step (null: the profile's default, config.fleet.PROFILE_DEFAULTS)."""
     tp = engine.tp if tp is None else tp
     if tp > hardware.gpus_per_node:
