@@ -441,3 +441,38 @@ def test_predictions_equal_the_later_comparison(tmp_path: Path) -> None:
             o["tpot_p50_ms_sim"],
         )
         assert p["throughput_tok_s_sim"] == o["throughput_tok_s_sim"]
+
+
+def test_vllm_steps_script_reads_steps_and_token_gaps(tmp_path: Path) -> None:
+    """scripts/fleet_vllm_steps.py: chunks within 2 ms are one step (first tokens = its prompts, the rest its decode
+    rows at context prompt + token index); the simulated per-token gaps of a replay add up, request by request, to
+    E2E - TTFT (every token gap counted once)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fleet_vllm_steps", REPO / "scripts" / "fleet_vllm_steps.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = tmp_path / "run"
+    run.mkdir()
+    recs = [  # request 0 decodes through steps ending at 0.100 / 0.110 / 0.150; request 1's prompt finishes at 0.150
+        {"index": 0, "ok": True, "send_s": 0.0, "prompt_tokens": 500, "chunk_times_s": [0.090, 0.100, 0.110, 0.1505]},
+        {"index": 1, "ok": True, "send_s": 0.105, "prompt_tokens": 700, "chunk_times_s": [0.0451, 0.055]},
+    ]
+    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    steps = mod.clusters(run)
+    assert [(s["prompts"], s["rows"], s["ctx"]) for s in steps] == [
+        ([], 1, 501),
+        ([], 1, 502),
+        ([700], 1, 503),
+        ([], 1, 701),
+    ]
+    assert [round(s["dur"], 3) for s in steps] == [10.0, 10.0, 40.1, 9.9]
+    assert sorted(np.round(mod.measured_itl_ms(run), 3).tolist()) == [9.9, 10.0, 10.0, 40.5]
+    sweep, cfg, setup, _ = planted_sweep(tmp_path, profile={}, planted=PLANTED_VLLM)
+    c64 = load_serve_bench(sweep)[0][2]
+    engine, limits, _, _ = replica_config(c64, cfg, setup, "vllm")
+    res = mod.cmp.replay(setup, c64, dataclasses.replace(engine, **PLANTED_VLLM), limits)
+    gaps = mod.sim_itl_ms(res)
+    assert len(gaps) == int((res.output_tokens - 1).sum())
+    assert gaps.sum() == pytest.approx(1e3 * float((res.finish_s - res.first_token_s).sum()), rel=1e-9)
