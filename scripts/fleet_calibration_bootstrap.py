@@ -22,7 +22,16 @@ import yaml
 
 from phase6.config import CONFIG_DIR, HardwareConfig
 from phase6.config.fleet import EngineConfig, FleetRunConfig
-from phase6.fleet.compare import MeasuredRun, calibrate, load_serve_bench, p50_ms, replay, replica_config, with_fit
+from phase6.fleet.compare import (
+    MeasuredRun,
+    calibrate,
+    load_serve_bench,
+    p50_ms,
+    per_request_intercept,
+    replay,
+    replica_config,
+    with_fit,
+)
 from phase6.fleet.run import FleetSetup, build_setup
 from phase6.fleet.sim import EngineLimits
 
@@ -69,7 +78,8 @@ def bootstrap(path: str | Path, model: str, hardware: str, n: int, seed: int = 0
                 ttft_ms=c1.ttft_ms[i],
             )
             fit = calibrate(setup, resampled, eng1, lim1)
-            for k in ("step_overhead_ms", "prefill_overhead_ms", "prefill_mfu"):
+            intercept = "request_overhead_ms" if per_request_intercept(eng1) else "prefill_overhead_ms"
+            for k in ("step_overhead_ms", intercept, "prefill_mfu"):
                 samples.setdefault(k, []).append(getattr(fit, k))
             for run in mine[1:]:
                 eng, lim = _engine_for(run, cfg, setup)

@@ -139,8 +139,9 @@ def main(argv: list[str]) -> int:
         print(f"engine profile vllm, uncalibrated: {desc}")
         print(
             f"planner efficiencies: prefill_mfu {fleet.engine.prefill_mfu}, decode_hbm_efficiency "
-            f"{fleet.engine.decode_hbm_efficiency}, step overhead {fleet.engine.step_overhead_ms} ms, prefill overhead "
-            f"{fleet.engine.prefill_overhead_ms} ms"
+            f"{fleet.engine.decode_hbm_efficiency}, step overhead {fleet.engine.resolved_step_overhead_ms} ms, per decode "
+            f"row {fleet.engine.resolved_decode_seq_ms} ms, per request {fleet.engine.resolved_request_overhead_ms} ms, "
+            f"prefill overhead {fleet.engine.prefill_overhead_ms} ms"
         )
         print(markdown_table([{k: r[k] for k in keys} for r in rows]), end="")
         return 0

@@ -118,14 +118,14 @@ TORCH_TP = {"profile": "torch-tp", "max_model_len": 4096, "cuda_graphs": True}  
 
 
 def planted_sweep(
-    tmp_path: Path, profile: dict[str, object] = TORCH_TP
+    tmp_path: Path, profile: dict[str, object] = TORCH_TP, planted: dict[str, float] = PLANTED
 ) -> tuple[Path, FleetRunConfig, FleetSetup, EngineConfig]:
     """A 'measured' sweep C=1/16/64 made by the simulator with step overhead 3 ms, prefill overhead 40 ms and prefill
     MFU 0.35, requests of the 6B H200 load (prompts 100-1000, outputs 64-128), under the recorded torch-tp limits
     (64 seqs, 16384) and, by default, the torch-tp engine profile its config.yaml implies (cuda-graphs, 4096)."""
     cfg = FleetRunConfig(hardware=HW, model="llama3.1-8b", engine=EngineConfig(tp=1))
     setup = build_setup(cfg)
-    true_eng = dataclasses.replace(cfg.engine, **PLANTED, max_num_seqs=64, max_batched_tokens=16384, **profile)
+    true_eng = dataclasses.replace(cfg.engine, **planted, max_num_seqs=64, max_batched_tokens=16384, **profile)
     limits = EngineLimits(64, 16384, kv_capacity_blocks(setup.spec, HW, true_eng))
     true = dataclasses.replace(setup, model=build_step_model(setup.spec, HW, true_eng), engine=true_eng, limits=limits)
     rng = np.random.default_rng(0)
@@ -192,6 +192,32 @@ def test_calibration_on_c1_predicts_c16_c64(tmp_path: Path) -> None:
     check_serve_bench(
         sweep, dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis, compare_calibrate=False))
     )
+
+
+PLANTED_VLLM = {"step_overhead_ms": 3.0, "request_overhead_ms": 40.0, "prefill_overhead_ms": 0.0, "prefill_mfu": 0.35}
+
+
+def test_vllm_calibration_charges_the_ttft_intercept_per_request(tmp_path: Path) -> None:
+    """On a vllm replica the C=1 TTFT intercept is fitted as request_overhead_ms (once per request, outside the
+    steps), recovering the planted 40 ms, and C=16/64 are then predicted exactly. Charging the same 40 ms to every
+    step that carries a prefill chunk instead (prefill_overhead_ms) fits C=1 as well but makes loaded decodes wait
+    for it: TPOT at C=64 comes out far too high."""
+    sweep, cfg, setup, _ = planted_sweep(tmp_path, profile={}, planted=PLANTED_VLLM)
+    runs, _ = load_serve_bench(sweep)
+    engine, limits, _, _ = replica_config(runs[0], cfg, setup, "vllm")
+    fit = calibrate(setup, runs[0], engine, limits)
+    for k, v in PLANTED_VLLM.items():
+        assert getattr(fit, k) == pytest.approx(v, rel=1e-4, abs=1e-9), k
+    out, _ = compare_serve_bench(sweep, cfg, setup, profile="vllm")
+    assert "request overhead 40.0 ms (per request, outside the steps)" in out[0]["calibration"]
+    for o in out:
+        assert abs(o["ttft_err_pct"]) < 0.01 and abs(o["tpot_err_pct"]) < 0.01 and o["within_20pct"], o
+    per_step = dataclasses.replace(
+        cfg.engine, **{**PLANTED_VLLM, "request_overhead_ms": 0.0, "prefill_overhead_ms": 40.0}
+    )
+    wrong, _ = compare_serve_bench(sweep, dataclasses.replace(cfg, engine=per_step), setup, False, profile="vllm")
+    assert abs(wrong[0]["ttft_err_pct"]) < 1  # C=1: the same TTFT either way
+    assert wrong[2]["tpot_err_pct"] > 20  # C=64: every step with a prompt chunk pays 40 ms
 
 
 def test_prefill_fit_is_robust_to_a_stray_request(tmp_path: Path) -> None:
@@ -415,3 +441,38 @@ def test_predictions_equal_the_later_comparison(tmp_path: Path) -> None:
             o["tpot_p50_ms_sim"],
         )
         assert p["throughput_tok_s_sim"] == o["throughput_tok_s_sim"]
+
+
+def test_vllm_steps_script_reads_steps_and_token_gaps(tmp_path: Path) -> None:
+    """scripts/fleet_vllm_steps.py: chunks within 2 ms are one step (first tokens = its prompts, the rest its decode
+    rows at context prompt + token index); the simulated per-token gaps of a replay add up, request by request, to
+    E2E - TTFT (every token gap counted once)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fleet_vllm_steps", REPO / "scripts" / "fleet_vllm_steps.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = tmp_path / "run"
+    run.mkdir()
+    recs = [  # request 0 decodes through steps ending at 0.100 / 0.110 / 0.150; request 1's prompt finishes at 0.150
+        {"index": 0, "ok": True, "send_s": 0.0, "prompt_tokens": 500, "chunk_times_s": [0.090, 0.100, 0.110, 0.1505]},
+        {"index": 1, "ok": True, "send_s": 0.105, "prompt_tokens": 700, "chunk_times_s": [0.0451, 0.055]},
+    ]
+    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    steps = mod.clusters(run)
+    assert [(s["prompts"], s["rows"], s["ctx"]) for s in steps] == [
+        ([], 1, 501),
+        ([], 1, 502),
+        ([700], 1, 503),
+        ([], 1, 701),
+    ]
+    assert [round(s["dur"], 3) for s in steps] == [10.0, 10.0, 40.1, 9.9]
+    assert sorted(np.round(mod.measured_itl_ms(run), 3).tolist()) == [9.9, 10.0, 10.0, 40.5]
+    sweep, cfg, setup, _ = planted_sweep(tmp_path, profile={}, planted=PLANTED_VLLM)
+    c64 = load_serve_bench(sweep)[0][2]
+    engine, limits, _, _ = replica_config(c64, cfg, setup, "vllm")
+    res = mod.cmp.replay(setup, c64, dataclasses.replace(engine, **PLANTED_VLLM), limits)
+    gaps = mod.sim_itl_ms(res)
+    assert len(gaps) == int((res.output_tokens - 1).sum())
+    assert gaps.sum() == pytest.approx(1e3 * float((res.finish_s - res.first_token_s).sum()), rel=1e-9)

@@ -133,7 +133,7 @@ def test_tbt_slo_makes_stalled_requests_bad() -> None:
 def test_serial_mixed_step_adds_the_decode_kv_read() -> None:
     hw = HardwareConfig(**yaml.safe_load((CONFIG_DIR / "hardware" / "a100_80gb.yaml").read_text()))
     spec = resolve_model("llama3.1-70b")
-    eng = EngineConfig(tp=8, decode_seq_ms=0.0)
+    eng = EngineConfig(tp=8, decode_seq_ms=0.0, mixed_step="serial")
     serial = planner_model(spec, hw, eng)
     over = planner_model(spec, hw, dataclasses.replace(eng, mixed_step="overlap"))
     assert isinstance(serial, SerialKernelStepTime) and serial.serial and not over.serial

@@ -374,3 +374,53 @@ def test_incremental_kv_preempts_by_recompute_and_runs_equal_per_token_stepping(
     ]
     assert roomy[1].preemptions == 0
     np.testing.assert_allclose(roomy[0].finish_s, roomy[1].finish_s, rtol=0, atol=1e-9)
+
+
+def test_request_overhead_is_charged_once_per_request_outside_the_steps() -> None:
+    """engine.request_overhead_ms (vLLM's API server, tokenisation, hand-off): TTFT and E2E grow by it, no step does
+    (TPOT and the step log unchanged), a closed loop's next request still leaves when the last one finishes, and
+    Little's law holds with the time before the engine counted in the system."""
+    d = 0.0173
+    base = simulate(one(3000, 64), MODEL, LIMITS, Topology(colocated=1), "round_robin")
+    r = simulate(one(3000, 64), MODEL, LIMITS, Topology(colocated=1), "round_robin", request_delay_s=d)
+    assert r.ttft_s[0] == pytest.approx(base.ttft_s[0] + d, rel=1e-12)
+    assert r.tpot_s[0] == pytest.approx(base.tpot_s[0], rel=1e-12)
+    assert r.busy_s == pytest.approx(base.busy_s, rel=1e-12)  # the replica did the same work
+    w = fixed_lengths(40, 1.0, 500, 20, seed=6)
+    c0 = simulate(w, MODEL, LIMITS, Topology(colocated=1), "round_robin", closed_concurrency=1)
+    c1 = simulate(w, MODEL, LIMITS, Topology(colocated=1), "round_robin", closed_concurrency=1, request_delay_s=d)
+    np.testing.assert_allclose(c1.arrival_s[1:], c1.finish_s[:-1], rtol=0, atol=1e-12)
+    assert c1.makespan_s == pytest.approx(c0.makespan_s + len(w) * d, rel=1e-9)  # one delay per request, in series
+    np.testing.assert_allclose(c1.ttft_s, c0.ttft_s + d, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(c1.tpot_s, c0.tpot_s, rtol=1e-9)
+    o = simulate(
+        fixed_lengths(3000, 40.0, 800, 100, seed=2), MODEL, LIMITS, Topology(2), "least_loaded", request_delay_s=d
+    )
+    lt = o.little
+    assert lt["area_in_system"] / lt["horizon_s"] == pytest.approx(len(o.e2e_s) / lt["horizon_s"] * np.mean(o.e2e_s))
+    with pytest.raises(ValueError, match="engine.request_overhead_ms"):
+        simulate(one(10, 2), MODEL, LIMITS, Topology(colocated=1), "round_robin", request_delay_s=-1.0)
+
+
+def test_engine_cost_defaults_follow_the_profile() -> None:
+    """null step_overhead_ms / decode_seq_ms / request_overhead_ms take the profile's own measured values (vLLM's for
+    vllm, phase6's engine's for torch-tp); an explicit value wins; switching the profile switches the defaults."""
+    from phase6.config.fleet import PROFILE_DEFAULTS
+
+    v, t = EngineConfig(), EngineConfig(profile="torch-tp")
+    got = {
+        p: (e.resolved_step_overhead_ms, e.resolved_decode_seq_ms, e.resolved_request_overhead_ms)
+        for p, e in (("vllm", v), ("torch-tp", t))
+    }
+    assert got == {"vllm": (0.0, 0.0066, 8.8), "torch-tp": (5.0, 0.06, 0.0)}
+    assert set(PROFILE_DEFAULTS) == {"vllm", "vllm-v0", "torch-tp"}
+    v0 = EngineConfig(chunked_prefill=False)  # vLLM V0's scheduler: not vLLM 0.26, keeps the earlier stand-ins
+    assert (v0.resolved_step_overhead_ms, v0.resolved_decode_seq_ms, v0.resolved_request_overhead_ms) == (5.0, 0.06, 0)
+    assert dataclasses.replace(v, profile="torch-tp").resolved_step_overhead_ms == 5.0
+    assert EngineConfig(step_overhead_ms=2.5, request_overhead_ms=0.0).resolved_step_overhead_ms == 2.5
+    assert EngineConfig(request_overhead_ms=0.0).resolved_request_overhead_ms == 0.0
+    assert planner_model(SPEC, HW, EngineConfig(tp=2)).overhead_s == 0.0
+    assert planner_model(SPEC, HW, EngineConfig(tp=2, profile="torch-tp")).overhead_s == pytest.approx(5e-3)
+    for k in ("step_overhead_ms", "decode_seq_ms", "request_overhead_ms"):
+        with pytest.raises(ValueError, match=f"engine.{k}"):
+            EngineConfig(**{k: -1.0})

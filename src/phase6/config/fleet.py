@@ -19,6 +19,32 @@ HOST_TIERS = ("local", "global")
 SIM_ENGINES = ("simpy", "heapq")
 KV_LINKS = ("internode", "nvlink")
 ENGINE_PROFILES = ("vllm", "torch-tp")
+PROFILE_DEFAULTS: dict[str, dict[str, float]] = {
+    # Each engine's own measurements on one H200 (docs/fleet.md "Engine defaults per profile"); used where
+    # engine.step_overhead_ms / decode_seq_ms / request_overhead_ms are null (the default).
+    "vllm": {
+        # vLLM 0.26.0, Qwen2.5-14B TP=1 (docs/benchmarks.md "Fleet simulator vs the measured vLLM rows"):
+        "step_overhead_ms": 0.0,  # C=1 TPOT 8.71 ms is the roofline's 8.83 with no fixed cost (C=1 fit: 0.00 ms)
+        "decode_seq_ms": 0.0066,  # decode-only steps at 1 / 16 / 64 rows vs the roofline: +0.43 ms from 1 to 64 rows
+        "request_overhead_ms": 8.8,  # client TTFT - vLLM's own prefill time, six C=1 runs on one server (mean)
+    },
+    "vllm-v0": {
+        # vllm profile with engine.chunked_prefill=false: vLLM V0's scheduler, the 2023-24 engines the papers compare
+        # against (DistServe's and Mooncake's baselines). Not measured here; vLLM 0.26's near-zero costs do not
+        # transfer to it (V1 was rebuilt to cut the V0 engine's per-step CPU work), so it keeps the defaults it had
+        # before the per-profile split (phase6's own engine's, below) as a stand-in.
+        "step_overhead_ms": 5.0,
+        "decode_seq_ms": 0.06,
+        "request_overhead_ms": 0.0,
+    },
+    "torch-tp": {
+        # phase6.serving.tp_server (docs/benchmarks.md "Validation on the compiled-prefill engine", "Per-row ..."):
+        "step_overhead_ms": 5.0,  # TPOT at C=1 minus the weight read, 4.46 / 4.95 ms at TP=1 / 2
+        "decode_seq_ms": 0.06,  # decode-only steps at 16-64 padded rows vs the roofline, least squares 0.059 ms
+        "request_overhead_ms": 0.0,  # its per-request work is in the per-step prefill overhead (C=1 fit)
+    },
+}
+"""Per-profile defaults of the engine costs the roofline does not see, each measured on that engine only."""
 KV_ALLOCS = ("incremental", "reserve")
 COMPARE_PROFILES = ("auto", "vllm")
 
@@ -132,15 +158,20 @@ class EngineConfig:
     """Planner: fraction of HBM bandwidth a memory-bound step achieves (plan EfficiencyConfig)."""
     runtime_overhead_gib: float = 1.5
     """Planner: per-GPU memory outside weights and KV (CUDA context, NCCL buffers, activations), GiB."""
-    step_overhead_ms: float = 5.0
-    """Planner: fixed per-step cost (scheduler, sampling, launches), ms. Default: the value measured on phase6's own
-    engine, TPOT at C=1 minus the weight read, 4.46 / 4.95 ms at TP=1 / 2 on one H200 (docs/benchmarks.md,
-    "Validation on the compiled-prefill engine"); `analysis.compare_with` refits it on a serve-bench run."""
-    decode_seq_ms: float = 0.06
+    step_overhead_ms: float | None = None
+    """Planner: fixed per-step cost (scheduler, sampling, launches), ms; null = the profile's measured default
+    (:data:`PROFILE_DEFAULTS`: vllm 0.0, torch-tp 5.0, vllm without chunked prefill 5.0). `analysis.compare_with` refits it on a serve-bench run."""
+    decode_seq_ms: float | None = None
     """Cost of each decode row a step carries, ms, on top of the roofline (torch-tp: each row of the padded CUDA-graph
-    batch). Default: measured on phase6's torch-tp engine on one H200, decode-only steps at 16-64 rows vs the
-    roofline, least squares 0.059 ms per row (docs/fleet.md "Step time"); engines of the vLLM 0.2 era pay ~0.3 ms
-    (Splitwise's measured A100/H100 profile; ``experiment=papers`` states where it uses that)."""
+    batch); null = the profile's measured default (:data:`PROFILE_DEFAULTS`: vllm 0.0066, torch-tp and vllm-v0 0.06). Engines of
+    the vLLM 0.2 era paid ~0.3 ms (Splitwise's measured A100/H100 profile; ``experiment=papers`` states where it uses
+    that)."""
+    request_overhead_ms: float | None = None
+    """Fixed time every request spends outside the engine's steps before its first token, ms: the API server (HTTP,
+    chat template, tokenisation), the hand-off to the engine and back; charged once per request (to TTFT and E2E,
+    the request enters the engine's queue this long after it arrives), never to a step. null = the profile's measured
+    default (:data:`PROFILE_DEFAULTS`: vllm 8.8, vllm-v0 0, torch-tp 0, whose per-request work sits in its per-step prefill
+    overhead). `analysis.compare_with` refits it on a vLLM run (the C=1 TTFT intercept)."""
     prefill_overhead_ms: float = 0.0
     """Planner: extra fixed cost of a step that prefills, ms (plan EfficiencyConfig.prefill_overhead_ms); calibrate
     from the TTFT-vs-prompt-length line of a serve-bench run at C=1."""
@@ -158,10 +189,11 @@ class EngineConfig:
     cuda_graphs: bool = False
     """torch-tp: --cuda-graphs (decode padded to (batch, KV length) buckets; the server's default is off: eager
     decode, exact batch, every row attending to the longest row's length)."""
-    mixed_step: str = "serial"
-    """vllm profile: cost of a step mixing prefill and decode (phase6.fleet.interference): serial (GEMMs over all
-    tokens, then prefill attention, then the decode rows' KV read: kernels do not overlap) | overlap (the planner's
-    max(compute, memory) of the whole batch)."""
+    mixed_step: str = "overlap"
+    """vllm profile: cost of a step mixing prefill and decode (phase6.fleet.interference): overlap (the planner's
+    max(compute, memory) of the whole batch: the decode rows' KV read hides under the prefill chunk's compute, as
+    measured on vLLM 0.26, whose mixed batch is one attention kernel; docs/fleet.md "Mixed steps on vLLM") | serial
+    (GEMMs over all tokens, then prefill attention, then the decode rows' KV read: kernels that do not overlap)."""
     chunked_prefill: bool = True
     """vllm profile: True = vLLM V1 (decodes first, prompts chunked into the rest of the budget); False = vLLM V0's
     default scheduler (the baselines of DistServe and Mooncake): whole prompts in prefill-only steps that pause the
@@ -196,7 +228,9 @@ class EngineConfig:
             "engine.profile",
             "torch-tp shapes the planner's step times (engine.step_time=planner), not a measured table",
         )
-        require(self.decode_seq_ms >= 0, "engine.decode_seq_ms", f"must be >= 0 ms, got {self.decode_seq_ms}")
+        for k in ("step_overhead_ms", "decode_seq_ms", "request_overhead_ms"):
+            v = getattr(self, k)
+            require(v is None or v >= 0, f"engine.{k}", f"must be >= 0 ms or null, got {v}")
         require(self.max_model_len >= 2, "engine.max_model_len", f"must be >= 2, got {self.max_model_len}")
         require(
             self.mixed_step in MIXED_STEPS, "engine.mixed_step", f"must be serial or overlap, got {self.mixed_step!r}"
@@ -251,12 +285,36 @@ class EngineConfig:
             "engine.runtime_overhead_gib",
             f"must be >= 0, got {self.runtime_overhead_gib}",
         )
-        require(self.step_overhead_ms >= 0, "engine.step_overhead_ms", f"must be >= 0, got {self.step_overhead_ms}")
         require(
             self.prefill_overhead_ms >= 0, "engine.prefill_overhead_ms", f"must be >= 0, got {self.prefill_overhead_ms}"
         )
         require(self.bytes_per_param > 0, "engine.bytes_per_param", f"must be > 0, got {self.bytes_per_param}")
         require(self.kv_bytes_per_elem > 0, "engine.kv_bytes_per_elem", f"must be > 0, got {self.kv_bytes_per_elem}")
+
+    def _cost(self, key: str) -> float:
+        v = getattr(self, key)
+        return float(PROFILE_DEFAULTS[self.defaults_key][key] if v is None else v)
+
+    @property
+    def defaults_key(self) -> str:
+        """The :data:`PROFILE_DEFAULTS` entry of this engine: its profile; vllm-v0 for the vllm profile without
+        chunked prefill (vLLM V0's scheduler)."""
+        return "vllm-v0" if self.profile == "vllm" and not self.chunked_prefill else self.profile
+
+    @property
+    def resolved_step_overhead_ms(self) -> float:
+        """step_overhead_ms, or this profile's measured default when null."""
+        return self._cost("step_overhead_ms")
+
+    @property
+    def resolved_decode_seq_ms(self) -> float:
+        """decode_seq_ms, or this profile's measured default when null."""
+        return self._cost("decode_seq_ms")
+
+    @property
+    def resolved_request_overhead_ms(self) -> float:
+        """request_overhead_ms, or this profile's measured default when null."""
+        return self._cost("request_overhead_ms")
 
 
 def parse_policy(p: str) -> tuple[str, int, int]:

@@ -312,7 +312,7 @@ def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float, st
 def idle_ttft_s(model: StepTimeModel | TorchTPStepTime, prompt_tokens: int, budget: int) -> tuple[float, int]:
     """(TTFT, prefill steps) of one request on an idle replica: its prompt in chunks of ``budget`` tokens, one step
     each, the last one emitting the first token -- what the simulator does for a request that finds no other work
-    (torch-tp: the whole prompt in one step, whatever the budget)."""
+    (torch-tp: the whole prompt in one step, whatever the budget). Without ``engine.request_overhead_ms``."""
     if isinstance(model, TorchTPStepTime):
         return model.idle_prefill_s(prompt_tokens), 1
     t, done, steps = 0.0, 0, 0
@@ -331,19 +331,30 @@ def _weighted_median(x: np.ndarray, w: np.ndarray) -> float:
     return float(x[order][np.searchsorted(cw, 0.5 * cw[-1])])
 
 
+def per_request_intercept(engine: EngineConfig) -> bool:
+    """Whether the C=1 TTFT intercept is charged per request (``engine.request_overhead_ms``: vllm, whose steps mix
+    prefill chunks and decodes in one forward and whose per-request work -- HTTP, chat template, tokenisation, the
+    hand-off to the engine -- runs outside the steps) or per prefill step (``prefill_overhead_ms``: torch-tp, whose
+    prefill is its own forward with its own host work)."""
+    return engine.profile == "vllm"
+
+
 def fit_prefill(
     setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits
 ) -> tuple[float, float, float]:
-    """(prefill_mfu, prefill_overhead_ms, mean absolute deviation ms) fitted to the run's per-request TTFTs.
+    """(prefill_mfu, intercept ms, mean absolute deviation ms) fitted to the run's per-request TTFTs; the intercept is
+    ``request_overhead_ms`` or ``prefill_overhead_ms`` as :func:`per_request_intercept` says.
 
     Model of request i (idle replica, the other planner parameters as in ``engine``): TTFT_i = base_i(mfu) + n_i·o,
-    base_i = its prefill step(s) with no prefill overhead, n_i = their number, o = the prefill overhead. For a given
-    MFU the o >= 0 minimising sum |TTFT_i - base_i - n_i·o| is a weighted median; the MFU is searched on a log grid
-    over [1e-3, 1] and refined by golden section (a bound is kept when the data asks for more).
+    base_i = its prefill step(s) with neither overhead, o = the intercept and n_i = 1 (per request) or the number of
+    its prefill steps (per prefill step). For a given MFU the o >= 0 minimising sum |TTFT_i - base_i - n_i·o| is a
+    weighted median; the MFU is searched on a log grid over [1e-3, 1] and refined by golden section (a bound is kept
+    when the data asks for more).
     """
     ttft_s = run.ttft_ms / 1e3
     budget = limits.max_batched_tokens
     lengths = [int(p) for p in run.input_tokens]
+    per_request = per_request_intercept(engine)
 
     def fit_o(mfu: float) -> tuple[float, float]:
         model = build_step_model(
@@ -353,6 +364,8 @@ def fit_prefill(
             setup.new_shape_ms,
         )
         base, n = np.asarray([idle_ttft_s(model, p, budget) for p in lengths]).T
+        if per_request:
+            n = np.ones_like(n)
         o = max(0.0, _weighted_median((ttft_s - base) / n, n))
         return o, float(np.abs(ttft_s - base - n * o).sum())
 
@@ -414,8 +427,9 @@ def p50_ms(res: SimResult) -> tuple[float, float]:
 def calibrate(
     setup: FleetSetup, run: MeasuredRun, engine: EngineConfig, limits: EngineLimits, lengths: str = "requests"
 ) -> EngineConfig:
-    """Fit step_overhead_ms (to TPOT p50, by replaying the run) and prefill_mfu + prefill_overhead_ms (to the TTFT
-    of each request vs its prompt length, :func:`fit_prefill`) on one concurrency-1 run.
+    """Fit step_overhead_ms (to TPOT p50, by replaying the run) and prefill_mfu + the TTFT intercept (to the TTFT
+    of each request vs its prompt length, :func:`fit_prefill`: request_overhead_ms on a vllm replica,
+    prefill_overhead_ms on a torch-tp one, the other set to 0) on one concurrency-1 run.
 
     TPOT p50 rises with the step overhead (every decode step pays it), so it is bisected in [0, TPOT p50] on the
     simulated replay of the run itself. The prefill pair comes from the run's own requests: at C=1 each finds the
@@ -429,7 +443,8 @@ def calibrate(
             "the sweep or pass analysis.compare_calibrate=false"
         )
     tpot = float(run.row["tpot_p50_ms"])
-    eng = engine
+    key = "request_overhead_ms" if per_request_intercept(engine) else "prefill_overhead_ms"
+    eng = dataclasses.replace(engine, request_overhead_ms=0.0, prefill_overhead_ms=0.0)
     for _ in range(CALIBRATION_ROUNDS):
         oh = _bisect(
             lambda x, e=eng: p50_ms(replay(setup, run, dataclasses.replace(e, step_overhead_ms=x), limits, lengths))[1],
@@ -439,7 +454,7 @@ def calibrate(
         )
         eng = dataclasses.replace(eng, step_overhead_ms=oh)
         mfu, po, _ = fit_prefill(setup, run, eng, limits)
-        eng = dataclasses.replace(eng, prefill_mfu=mfu, prefill_overhead_ms=po)
+        eng = dataclasses.replace(eng, prefill_mfu=mfu, **{key: po})
     return eng
 
 
@@ -464,21 +479,27 @@ def calibration(
     fit = calibrate(setup, run, engine, limits, lengths)
     mad = fit_prefill(setup, run, fit, limits)[2]
     icpt, slope = ttft_line(run)
+    intercept = (
+        f"request overhead {fit.resolved_request_overhead_ms:.1f} ms (per request, outside the steps)"
+        if per_request_intercept(fit)
+        else f"prefill overhead {fit.prefill_overhead_ms:.1f} ms"
+    )
     return fit, (
-        f"fitted at C={run.concurrency} on the {prof_desc} replica: step overhead {fit.step_overhead_ms:.2f} ms, "
-        f"prefill overhead {fit.prefill_overhead_ms:.1f} ms, prefill_mfu {fit.prefill_mfu:.3f} (TTFT fit mean "
+        f"fitted at C={run.concurrency} on the {prof_desc} replica: step overhead {fit.resolved_step_overhead_ms:.2f} "
+        f"ms, {intercept}, prefill_mfu {fit.prefill_mfu:.3f} (TTFT fit mean "
         f"|error| {mad:.1f} ms over {len(run.input_tokens)} requests; Theil-Sen TTFT line {icpt:.0f} ms + "
         f"{slope:.0f} ms per 1000 prompt tokens)"
     )
 
 
 def with_fit(engine: EngineConfig, fit: EngineConfig) -> EngineConfig:
-    """``engine`` with the three calibrated parameters of ``fit``."""
+    """``engine`` with the calibrated parameters of ``fit`` (step overhead, prefill MFU, both intercepts)."""
     return dataclasses.replace(
         engine,
         step_overhead_ms=fit.step_overhead_ms,
         prefill_mfu=fit.prefill_mfu,
         prefill_overhead_ms=fit.prefill_overhead_ms,
+        request_overhead_ms=fit.request_overhead_ms,
     )
 
 

@@ -1,7 +1,8 @@
 """Step cost of a mixed batch (chunked prefill + decodes) with the interference a real engine has.
 
 The planner's ``ServeCostModel.step_s`` prices a step as ``max(compute, memory)`` of the whole batch, as if the
-decode rows' KV reads hid under the prefill chunk's matmuls. An engine runs a step as a sequence of kernels: the
+decode rows' KV reads hid under the prefill chunk's matmuls. With ``engine.mixed_step=serial`` an engine runs a step
+as a sequence of kernels: the
 linear layers (one GEMM per layer over all the step's tokens: decode rows ride along for almost nothing, Sarathi-Serve,
 OSDI'24 §3), then attention, which for the prefill chunk is compute-bound and for the decode rows is a read of their
 whole KV cache, memory-bound, in kernels that do not overlap the GEMMs. So here
@@ -16,11 +17,17 @@ attention term is 0 and the other rides with the term that bound the max); only 
 in the step's cost but in who waits for it: every decode row's next token waits for the whole step, which is what
 the per-token gaps (``phase6.fleet.tokens``) report and the TBT SLO scores.
 
-``engine.mixed_step=overlap`` keeps the planner's max (the earlier behaviour).
+``engine.mixed_step=overlap`` (the default) keeps the planner's max: measured on vLLM 0.26 (H200, Qwen2.5-14B), whose
+mixed batch runs its attention as one FlashAttention varlen kernel, isolated mixed steps at 64 decode rows match the
+max to 0.0 % and sit 2.2 ms (5 standard errors) under the serial sum (docs/fleet.md "Mixed steps on vLLM",
+``scripts/fleet_vllm_steps.py``). ``serial`` is for engines that run the decode rows' attention as kernels of their
+own.
 
 Per-sequence decode cost (``engine.decode_seq_ms``, issue 23): every step also costs ``decode_seq_ms`` per decode row
 it carries, a term the roofline lacks (it sees a decode row only as one more GEMM row, nearly free while the weights
-dominate, and as its KV read). Measured on phase6's torch-tp engine (H200, docs/benchmarks.md "C=64 diagnosis"):
+dominate, and as its KV read); its default is per engine profile (``phase6.config.fleet.PROFILE_DEFAULTS``). On
+vLLM 0.26 it is small: 0.0066 ms per row (decode-only steps at 1 / 16 / 64 rows, -0.10 / +0.03 / +0.33 ms off the
+roofline). Measured on phase6's torch-tp engine (H200, docs/benchmarks.md "C=64 diagnosis"):
 decode-only steps run 1.5-4.3 ms longer than the roofline at 16-64 rows, in proportion to the rows the CUDA graph
 computes, while the KV-length bucket (1024 vs 1536 tokens at 64 rows) moves the step by <= 0.5 ms, less than the
 roofline's own KV term: the missing cost is per row, not per KV byte (least squares over the six loaded cells:

@@ -58,6 +58,7 @@ class FleetSetup:
             decode_pool=pools[1] if pools else None,
             host_tier=host_tiers(self, topology.replicas, tp),
             seed=self.seed,
+            request_delay_s=self.engine.resolved_request_overhead_ms * 1e-3,
         )
 
 

@@ -11,7 +11,9 @@ A replica step (vLLM V1 scheduling): every running decode sequence contributes o
 new admissions: a waiting request is admitted (FCFS, head-of-line) only while the step has budget left, fewer than
 ``max_num_seqs`` sequences run and its KV blocks (prompt + output, 512 tokens each, minus cached prefix blocks) fit,
 evicting LRU prefix blocks if needed; KV is reserved for the whole output at admission (no preemption). The step that completes a prompt produces
-the first token (TTFT); each later step produces one token (TPOT = (E2E - TTFT) / (output - 1)).
+the first token (TTFT); each later step produces one token (TPOT = (E2E - TTFT) / (output - 1)). A request reaches
+the router ``request_delay_s`` after it arrives (``engine.request_overhead_ms``: the API server's per-request work),
+which TTFT and E2E include and no step does.
 
 Decode-only runs: when no prefill work is pending, the batch cannot change before its next sequence finishes, so
 the replica schedules one event at the end of those k steps (closed-form sum of step times). An arrival in the
@@ -424,8 +426,11 @@ class Simulation:
         decode_pool: tuple[StepTimeModel, EngineLimits, int] | None = None,
         host_tier: Callable[[int], HostTier | None] | None = None,
         seed: int = 0,
+        request_delay_s: float = 0.0,
     ) -> None:
-        """``decode_pool``: PD only, the decode replicas' own (step model, limits, tp) when they run a different TP
+        """``request_delay_s``: the fixed time a request spends outside the engine before its first step (API server,
+        tokenisation, hand-off; ``engine.request_overhead_ms``): it reaches the router and the engine's queue this long
+        after it arrives, so it counts in TTFT and E2E and in no step. ``decode_pool``: PD only, the decode replicas' own (step model, limits, tp) when they run a different TP
         than the prefill pool (DistServe's per-phase parallelism); ``host_tier(replica id)``: its host-memory KV tier
         (the same object for every replica = one global pool) or None; ``seed``: the random router's."""
         if router not in ROUTER_NAMES:
@@ -455,6 +460,9 @@ class Simulation:
         self.kv_transfer_s = kv_transfer_s
         self.loop = make_loop(engine)
         self.closed = closed_concurrency
+        if not request_delay_s >= 0:
+            raise ValueError(f"engine.request_overhead_ms: must be >= 0, got {request_delay_s * 1e3}")
+        self.delay = request_delay_s
         self.macro = macro  # False: one event per decode step (reference mode for tests; same results, slower)
         n = len(workload)
         self._check_fits()
@@ -529,13 +537,13 @@ class Simulation:
     # -- arrivals ------------------------------------------------------------------------------------------------------
     def _arrive(self, i: int) -> None:
         w = self.w
-        now = self.loop.now
+        now = self.loop.now  # the request reaches the engine; it arrived self.delay earlier
         hid = w.hash_ids[i] if w.hash_ids is not None and not self.padded else ()  # torch-tp: no prefix cache
-        r = _Req(i, now, int(w.input_tokens[i]), int(w.output_tokens[i]), hid, int(w.session[i]))
-        self.arr[i] = now
+        r = _Req(i, now - self.delay, int(w.input_tokens[i]), int(w.output_tokens[i]), hid, int(w.session[i]))
+        self.arr[i] = now - self.delay
         whole = not self.topology.is_pd and not (self.limits.incremental_kv and not self.padded)
         r.blocks = -(-(r.n_in + r.n_out) // BLOCK_TOKENS) if whole else -(-r.n_in // BLOCK_TOKENS)
-        self.area_sys += self.n_sys * (now - self.t_sys)
+        self.area_sys += self.n_sys * (now - self.t_sys) + self.delay  # + its time before reaching the engine
         self.t_sys = now
         self.n_sys += 1
         self.area_wait += self.n_waiting * (now - self.t_wait)
@@ -546,7 +554,7 @@ class Simulation:
         if self.closed is None:
             self.next_i = i + 1
             if i + 1 < len(w):
-                self.loop.call_in(float(w.arrival_s[i + 1]) - now, self._arrive, i + 1)
+                self.loop.call_in(float(w.arrival_s[i + 1]) + self.delay - now, self._arrive, i + 1)
 
     def _route(self, r: _Req) -> tuple[Replica, int]:
         pool = self.front
@@ -615,7 +623,7 @@ class Simulation:
         if self.closed is not None and self.next_i < len(self.w):
             j = self.next_i
             self.next_i += 1
-            self.loop.call_in(0.0, self._arrive, j)
+            self.loop.call_in(self.delay, self._arrive, j)
 
     def run(self) -> SimResult:
         import time
@@ -624,12 +632,12 @@ class Simulation:
         w = self.w
         if len(w):
             if self.closed is None:
-                self.loop.call_in(float(w.arrival_s[0]), self._arrive, 0)
+                self.loop.call_in(float(w.arrival_s[0]) + self.delay, self._arrive, 0)
             else:
                 k = min(self.closed, len(w))
                 self.next_i = k
                 for j in range(k):
-                    self.loop.call_in(0.0, self._arrive, j)
+                    self.loop.call_in(self.delay, self._arrive, j)
         self.loop.run()
         wall = time.perf_counter() - t0
         assert self.done == len(w), f"simulation ended with {len(w) - self.done} requests unfinished"

@@ -150,7 +150,7 @@ def efficiency(engine: EngineConfig) -> EfficiencyConfig:
         decode_hbm_efficiency=engine.decode_hbm_efficiency,
         gpu_memory_utilization=engine.gpu_memory_utilization,
         runtime_overhead_gib=engine.runtime_overhead_gib,
-        step_overhead_ms=engine.step_overhead_ms,
+        step_overhead_ms=engine.resolved_step_overhead_ms,
         prefill_overhead_ms=engine.prefill_overhead_ms,
     )
 
@@ -159,8 +159,8 @@ def planner_model(
     spec: ModelSpec, hardware: HardwareConfig, engine: EngineConfig, tp: int | None = None
 ) -> ServeCostModel:
     """The planner's serving step-time model for one replica of ``tp`` (default ``engine.tp``) GPUs; mixed steps
-    priced as serial kernels (``phase6.fleet.interference``) unless ``engine.mixed_step=overlap``, plus
-    ``engine.decode_seq_ms`` per decode row of a step."""
+    priced as serial kernels (``phase6.fleet.interference``) when ``engine.mixed_step=serial``, plus
+    ``engine.decode_seq_ms`` per decode row of a step (null: the profile's default, config.fleet.PROFILE_DEFAULTS)."""
     tp = engine.tp if tp is None else tp
     if tp > hardware.gpus_per_node:
         raise ValueError(
@@ -175,7 +175,7 @@ def planner_model(
         weight_bytes=engine.bytes_per_param,
         kv_bytes=engine.kv_bytes_per_elem,
         serial=engine.mixed_step == "serial" and vllm,
-        seq_s=engine.decode_seq_ms * 1e-3 if vllm else 0.0,  # torch-tp: per padded row, in TorchTPStepTime
+        seq_s=engine.resolved_decode_seq_ms * 1e-3 if vllm else 0.0,  # torch-tp: per padded row, in TorchTPStepTime
     )
 
 
@@ -199,7 +199,7 @@ def build_step_model(
     tt = torch_tp_engine(engine)
     if tt is not None:
         base = planner_model(spec, hardware, engine)
-        return TorchTPStepTime(base, tt, new_shape_ms / 1e3, warm_shapes, engine.decode_seq_ms / 1e3)
+        return TorchTPStepTime(base, tt, new_shape_ms / 1e3, warm_shapes, engine.resolved_decode_seq_ms / 1e3)
     if engine.step_time == "table":
         assert engine.table_path is not None and engine.table_input_tokens is not None
         return TableStepTime.from_serve_bench(engine.table_path, engine.table_input_tokens)
