@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 from phase6.config import CONFIG_DIR, JOBS
 from phase6.serving import vllm_env
 from phase6.terminal import format_rows
+from phase6.timing import wall
 
 EXAMPLES = {
     "cost": ["hardware=h100_sxm", "gpus=8", "hours=0.75", "output_tokens=5e9"],
@@ -40,9 +40,9 @@ def main() -> int:
     for label, job, args in runs:
         cmd = [sys.executable, "-m", "phase6", job.replace("_", "-"), *args]
         print(f"\n=== {' '.join(cmd[2:])}", flush=True)
-        t0 = time.time()
+        t0 = wall()
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        dt = time.time() - t0
+        dt = wall() - t0
         sys.stdout.write(proc.stdout[-3000:])
         run_dir = next(
             (

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from phase6.posttrain.diagnostics import (
 )
 from phase6.posttrain.dpo_data import load_preference_data, preflighted
 from phase6.runrecord import RunRecord, trainer_log_callback
+from phase6.timing import wall
 
 
 def build_model_and_tokenizer(cfg: DPORunConfig, train_texts: list[str], use_cuda: bool) -> tuple[Any, Any, str]:
@@ -239,9 +239,9 @@ def main(cfg: DPORunConfig) -> Path:
     trainer = build_trainer(cfg, model, tok, splits, use_cuda, [probe_cb, record_callback(rec)])
     if use_cuda:
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
+    t0 = wall()
     train_out = trainer.train()
-    train_s = time.perf_counter() - t0
+    train_s = wall() - t0
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if use_cuda else None
     final_eval = trainer.evaluate()
     if not probe_cb.records or probe_cb.records[-1].step != trainer.state.global_step:
