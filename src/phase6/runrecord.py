@@ -338,7 +338,8 @@ class RunRecord:
         every = getattr(getattr(self.cfg, "logger", None), "log_every", 1)
         if self._console is not None and (step is None or step % every == 0):
             parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
-            self._console.print(f"[dim]{self.job}[/] step {step}: " + " | ".join(parts), highlight=False)
+            where = "" if step is None else f" step {step}"
+            self._console.print(f"[dim]{self.job}[/]{where}: " + " | ".join(parts), highlight=False)
 
     def finish(
         self,
