@@ -132,7 +132,7 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
         logging_steps=d.logging_steps,
         save_strategy="no",
         report_to=[],  # RunRecord owns W&B (one run per sweep member) and metrics.jsonl
-        **passed,
+        **{"disable_tqdm": True, **passed},  # RunRecord prints one line per log step (dpo.trl may turn the bar on)
     )
     peft_cfg = lora_config(cfg, model)
     from phase6.posttrain.sampling import length_grouped
@@ -237,6 +237,9 @@ def main(cfg: DPORunConfig) -> Path:
         probe, tok.pad_token_id, cfg.dpo.max_length, diag.probe_batch_size, out_path=run_dir / "margins.jsonl"
     )
     trainer = build_trainer(cfg, model, tok, splits, use_cuda, [probe_cb, record_callback(rec)])
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # RunRecord prints the logs; Trainer would print them again as dicts
     if use_cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = wall()
