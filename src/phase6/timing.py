@@ -3,6 +3,7 @@
 - ``wall()``: seconds on the host's monotonic clock (``time.perf_counter``: CLOCK_MONOTONIC on Linux, the same clock
   in every process of a host, so the serving client, its telemetry sampler and the server's phases line up). Only
   differences mean anything: use it for durations, deadlines and for ordering events of one run.
+- ``cpu()``: CPU seconds used by this process (``time.process_time``), for the benchmarks that report CPU beside wall.
 - ``sync(device)``: block until the kernels queued on a CUDA device have run; a no-op on CPU. CUDA launches are
   asynchronous, so a wall-clock interval around GPU work measures the work only when both ends are synchronized,
   otherwise the kernels are charged to whoever waits for them next.
@@ -25,6 +26,8 @@ from typing import Any
 
 wall: Callable[[], float] = time.perf_counter
 """Monotonic seconds (arbitrary origin): the one clock for durations (an alias, so stamping costs one call)."""
+cpu: Callable[[], float] = time.process_time
+"""CPU seconds of this process, all threads: beside a ``wall`` interval, how much of a core a CPU-bound path used."""
 
 
 def sync(device: Any = "cuda") -> None:
