@@ -11,9 +11,13 @@
   synchronizes before reading the clock at both ends (a CUDA-synchronized region), without one it is the plain
   monotonic interval (CPU, HTTP, subprocesses).
 
+Why not CUDA events: every region phase6 times mixes host and device work (a generate loop, a trainer step, a weight
+push through an engine), and the phases must add up to the step's wall time; events would time one stream's kernels
+only. Synchronizing costs a few microseconds per boundary, at phase (not kernel) granularity.
+
 Timestamps are a different concept: *when* something happened (``time.time()`` / ``time.strftime`` in env.json, an
-OpenAI ``created`` field, a log line) is a calendar date that NTP may move, and is never subtracted for a duration
-here; a duration is never derived from it. This module does not import torch until ``sync`` is called on a device.
+OpenAI ``created`` field, a directory name) is a calendar date that NTP may move; phase6 never subtracts two of them
+for a duration. torch is imported only when ``sync`` (or ``timed(device)``) runs.
 """
 
 from __future__ import annotations
