@@ -69,7 +69,7 @@ def format_rows(rows: list[dict[str, Any]], title: str = "", width: int | None =
     """``rows`` (dicts; keys in first-seen order, a missing key prints as None) as text at most ``width`` wide."""
     width = width or terminal_width()
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    out = [title] if title else []
+    out = textwrap.wrap(title, width, break_long_words=False) if title else []
     if not rows:
         return "\n".join([*out, "(no rows)"])
     if len(rows) == 1:
