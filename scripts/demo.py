@@ -7,6 +7,7 @@ too; without one they are skipped with one line.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -54,6 +55,8 @@ def main() -> int:
         )
         if proc.returncode != 0:
             sys.stdout.write(proc.stderr[-3000:])
+        if run_dir.startswith(os.getcwd() + os.sep):  # outputs/<job>/<stamp>: the table fits 80 columns
+            run_dir = os.path.relpath(run_dir)
         results.append((label, "ok" if proc.returncode == 0 else f"FAILED ({proc.returncode})", dt, run_dir))
     rows = [{"job": j, "status": st, "seconds": round(dt), "run dir": d} for j, st, dt, d in results]
     print("\n" + format_rows(rows, "demo"))  # fitted to the terminal width (COLUMNS; 80 in a pipe)
