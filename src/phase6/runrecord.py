@@ -324,8 +324,12 @@ class RunRecord:
             sys.argv = argv
 
     def print(self, *args: Any) -> None:
+        """A line of prose: the terminal wraps it (rich would break a path in the middle at the console's width)."""
         if self.is_main:
-            (self._console.print if self._console else print)(*args)
+            if self._console is not None:
+                self._console.print(*args, soft_wrap=True)
+            else:
+                print(*args)
 
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if not self.is_main:
