@@ -4,6 +4,7 @@ shares and costs computed from them (the lists below, stated once; ``--show-igno
 
     python scripts/results_identity.py /tmp/before/pretrain /tmp/after/pretrain   # two run directories
     python scripts/results_identity.py /tmp/before /tmp/after                     # two roots: pairs by relative path
+    python scripts/results_identity.py a/results.json b/results.json             # two files
 
 Predictions (keys under ``predicted.``) are computed, not measured: they are always compared. A two-key row
 {"quantity": name, "value": v} (a Details table) is compared under the path ``<table>.<name>``, so the lists apply
@@ -101,7 +102,10 @@ def diff(a: Any, b: Any, job: str, path: str, roots: tuple[str, str], out: list[
 
 
 def pairs(before: Path, after: Path) -> list[tuple[str, Path | None, Path | None]]:
-    """(name, before's results.json, after's) of two run directories, or of every run directory under two roots."""
+    """(name, before's results.json, after's) of two files, two run directories, or every run directory under two
+    roots."""
+    if before.is_file() and after.is_file():
+        return [(before.parent.name, before, after)]
     if (before / "results.json").is_file() or (after / "results.json").is_file():
         names = ["."]
     else:
@@ -117,14 +121,15 @@ def pairs(before: Path, after: Path) -> list[tuple[str, Path | None, Path | None
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("before", type=Path, help="a run directory, or a root of run directories")
+    p.add_argument("before", type=Path, help="a results.json, a run directory, or a root of run directories")
     p.add_argument("after", type=Path, help="the same, from the other run")
     p.add_argument("--show-ignored", action="store_true", help="also list the keys left out, per run")
     args = p.parse_args()
-    for d in (args.before, args.after):
-        if not d.is_dir():
-            print(f"results_identity: {d} is not a directory", file=sys.stderr)
-            return 2
+    if not (args.before.is_file() and args.after.is_file()):
+        for d in (args.before, args.after):
+            if not d.is_dir():
+                print(f"results_identity: {d} is neither a results.json nor a directory", file=sys.stderr)
+                return 2
     found = pairs(args.before, args.after)
     if not found:
         print(f"results_identity: no results.json under {args.before} or {args.after}", file=sys.stderr)
