@@ -10,7 +10,8 @@ Predictions (keys under ``predicted.``) are computed, not measured: they are alw
 {"quantity": name, "value": v} (a Details table) is compared under the path ``<table>.<name>``, so the lists apply
 to it. A root pairs every results.json below it by its path relative to the root; one on one side only is a
 difference. Numbers must be equal (a float differing in its last bit is a difference: the jobs are seeded on CPU).
-In strings, the compared directory itself reads ``<run>`` and a duration ("52.0 s") reads ``<duration>``.
+In strings, the run's directory reads ``<run>``, the one above it ``<up>`` and the compared root ``<root>`` (a sweep
+member names the member that started the server), and a duration ("52.0 s") reads ``<duration>``.
 Exit status: 0 when identical, 1 when anything differs, 2 on a bad argument.
 """
 
@@ -39,7 +40,7 @@ MEASURED: dict[str, str] = {
     # phase times, rollout throughput, and the shares and ratios computed from them
     "grpo": r"_s|_ms|ms|ms_mean|_s_mean|_s_per_step|_pct|tokens_per_s|engine_vs_hf_generate|speedup",
     # every latency, rate and cost of a real server under a real client, and the server-side samples
-    "serve_bench": r"_ms|_s|tok_s|req_s|attainment|good_fraction|gpu_hours_per_1m_\w+|usd_per_1m_\w+|cost/\w+|"
+    "serve_bench": r"_ms|_s|_s_sum|server_delta_\w+|tok_s|req_s|attainment|good_fraction|gpu_hours_per_1m_\w+|(?<!api_)usd_per_1m_\w+|cost/\w+|"
     r"server_\w*(mean|max)|mean_in_flight|gpu_util_mean_pct|gpu_mem_max_gib|tokens_from_usage_pct|"
     r"usage_vs_tokenizer_diff_pct",
     "fleet": r"sim_wall_s|sim_requests_per_s",  # the simulator's own speed (its simulated results are compared)
@@ -69,7 +70,17 @@ def pair_label(item: Any) -> str | None:
     return None
 
 
-def diff(a: Any, b: Any, job: str, path: str, roots: tuple[str, str], out: list[str], skipped: list[str]) -> None:
+def local(text: str, dirs: list[str]) -> str:
+    """``text`` with this side's directories (its run dir, the dir above it, the compared root) read as ``<run>``,
+    ``<up>``, ``<root>``."""
+    for d, name in zip(dirs, ("<run>", "<up>", "<root>"), strict=True):
+        text = text.replace(d, name)
+    return text
+
+
+def diff(
+    a: Any, b: Any, job: str, path: str, roots: tuple[list[str], list[str]], out: list[str], skipped: list[str]
+) -> None:
     """Append "path: a != b" to ``out`` for every leaf that differs (recursing through dicts and lists), and the
     paths left out to ``skipped``."""
     if path and ignored(job, path):
@@ -94,9 +105,7 @@ def diff(a: Any, b: Any, job: str, path: str, roots: tuple[str, str], out: list[
                 diff(x, y, job, f"{path}[{i}]", roots, out, skipped)
     else:
         if isinstance(a, str) and isinstance(b, str):
-            a, b = (
-                DURATION_IN_TEXT.sub("<duration>", x.replace(r, "<run>")) for x, r in zip((a, b), roots, strict=True)
-            )
+            a, b = (DURATION_IN_TEXT.sub("<duration>", local(x, r)) for x, r in zip((a, b), roots, strict=True))
         if not same(a, b):
             out.append(f"{path}: {a!r} != {b!r}")
 
@@ -143,7 +152,11 @@ def main() -> int:
         rb, ra = json.loads(b.read_text()), json.loads(a.read_text())
         out: list[str] = []
         skipped: list[str] = []
-        diff(rb, ra, str(rb.get("job", "")), "", (str(b.parent), str(a.parent)), out, skipped)
+        dirs = (
+            [str(b.parent), str(b.parent.parent), str(args.before)],
+            [str(a.parent), str(a.parent.parent), str(args.after)],
+        )
+        diff(rb, ra, str(rb.get("job", "")), "", dirs, out, skipped)
         print(f"{name}: {'identical' if not out else f'{len(out)} differences'}")
         for line in out:
             print(f"  {line}")
