@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
+from phase6 import timing
 from phase6.data.shards import Manifest, TokenizerInfo, verify_shards, write_manifest, write_shard
 
 
@@ -45,9 +45,9 @@ def main() -> None:
         )
         print("|---|---|---|---|---|---|---|")
         for w in (int(x) for x in args.workers.split(",")):
-            t, c = time.perf_counter(), time.process_time()
+            t, c = timing.wall(), timing.cpu()
             verify_shards(d, workers=w)
-            wall, cpu = time.perf_counter() - t, time.process_time() - c
+            wall, cpu = timing.wall() - t, timing.cpu() - c
             per_thread = gb / cpu
             node = 16  # default_hash_workers on a node with >= 16 cores per rank group
             est = 20 / (node * per_thread)

@@ -7,13 +7,14 @@ too; without one they are skipped with one line.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-import time
 
 from phase6.config import CONFIG_DIR, JOBS
 from phase6.serving import vllm_env
 from phase6.terminal import format_rows
+from phase6.timing import wall
 
 EXAMPLES = {
     "cost": ["hardware=h100_sxm", "gpus=8", "hours=0.75", "output_tokens=5e9"],
@@ -40,9 +41,9 @@ def main() -> int:
     for label, job, args in runs:
         cmd = [sys.executable, "-m", "phase6", job.replace("_", "-"), *args]
         print(f"\n=== {' '.join(cmd[2:])}", flush=True)
-        t0 = time.time()
+        t0 = wall()
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        dt = time.time() - t0
+        dt = wall() - t0
         sys.stdout.write(proc.stdout[-3000:])
         run_dir = next(
             (
@@ -54,6 +55,8 @@ def main() -> int:
         )
         if proc.returncode != 0:
             sys.stdout.write(proc.stderr[-3000:])
+        if run_dir.startswith(os.getcwd() + os.sep):  # outputs/<job>/<stamp>: the table fits 80 columns
+            run_dir = os.path.relpath(run_dir)
         results.append((label, "ok" if proc.returncode == 0 else f"FAILED ({proc.returncode})", dt, run_dir))
     rows = [{"job": j, "status": st, "seconds": round(dt), "run dir": d} for j, st, dt, d in results]
     print("\n" + format_rows(rows, "demo"))  # fitted to the terminal width (COLUMNS; 80 in a pipe)

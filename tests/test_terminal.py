@@ -58,7 +58,8 @@ def test_a_wide_table_fits_80_columns_and_keeps_every_value(with_path: bool) -> 
         assert any(ln.startswith("final_loss") for ln in text.splitlines())  # transposed: keys down the side
     else:
         blocks = text.split("\n\n")
-        assert len(blocks) > 1 and all(b.startswith("model") for b in blocks)  # each block names its rows
+        # the rows differ first in column 6 (too wide to repeat): each block names its rows by number
+        assert len(blocks) > 1 and all(b.startswith("#  ") for b in blocks)
         assert text.count(PRETRAIN_ROW["run_dir"]) == 3
 
 
@@ -71,6 +72,43 @@ def test_a_transposed_table_is_headed_by_the_row_names() -> None:
     lines = format_rows(rows, width=80).splitlines()
     assert lines[0].split() == ["job", "pretrain", "serve_bench"] and lines[1].startswith("---")
     assert lines[2].split() == ["status", "ok", "FAILED", "(2)"] and lines[4].split() == ["run", "dir", path]
+
+
+def test_blocks_repeat_the_columns_that_tell_the_rows_apart() -> None:
+    """A fleet sweep: no single column names a row (8 rows per policy), policy + router + rate do; every block
+    repeats those three, so each line of each block still says which run it is."""
+    rows = [
+        {
+            "policy": p,
+            "router": r,
+            "rate": rate,
+            "ttft_p50_ms": 70.0 + i,
+            "tpot_p50_ms": 15.5,
+            "goodput_req_s": 1.98,
+            "throughput_tok_s": 590.4,
+            "prefix_hit_rate": 0.44,
+            "usd_per_1m_output_tokens": 2.343,
+        }
+        for i, (p, r, rate) in enumerate(
+            (p, r, x) for p in ("colocated", "pd:1:1") for r in ("rr", "prefix_aware") for x in (2, 8)
+        )
+    ]
+    text = format_rows(rows, width=80)
+    blocks = text.split("\n\n")
+    assert len(blocks) > 1 and max(len(ln) for ln in text.splitlines()) <= 80
+    for b in blocks:
+        lines = b.splitlines()
+        assert lines[0].split()[:3] == ["policy", "router", "rate"]
+        assert [ln.split()[:3] for ln in lines[2:]] == [[r["policy"], r["router"], str(r["rate"])] for r in rows]
+
+
+def test_a_long_last_column_wraps_at_spaces() -> None:
+    reason = "16.4 GiB weights/GPU leave KV for 169 seqs x 8192 tok; decode at batch 16 = 15.32 ms/token, HBM-bound"
+    rows = [{"#": i, "reason": reason} for i in (1, 2)]
+    lines = format_rows(rows, width=60).splitlines()
+    assert max(len(ln) for ln in lines) <= 60 and lines[0].split() == ["#", "reason"]
+    assert lines[2].startswith("1  16.4 GiB") and lines[3].startswith("   ")  # continuation under its column
+    assert " ".join(ln[3:].strip() for ln in lines[2:]).count(reason) == 2
 
 
 def test_columns_env_sets_the_width(monkeypatch: pytest.MonkeyPatch) -> None:

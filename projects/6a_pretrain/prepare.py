@@ -13,7 +13,6 @@ re-verifies the shards (header, token count, sha256 against manifest.json) and c
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from phase6.config.data import PrepareDataRunConfig
 from phase6.data.prepare import prepare_shards, tokenizer_check, verify
 from phase6.data.shards import ShardInfo
 from phase6.runrecord import RunRecord
+from phase6.timing import wall
 
 
 def main(cfg: PrepareDataRunConfig) -> Path:
@@ -38,18 +38,18 @@ def main(cfg: PrepareDataRunConfig) -> Path:
         }
         return rec.finish([row], notes={"check": "decode(encode(text)) == text compared as UTF-8 bytes"})
 
-    t0 = time.perf_counter()
+    t0 = wall()
     written = {"tokens": 0}
     seen: list[str] = []
 
     def on_shard(shard: ShardInfo) -> None:
         seen.append(shard.file)
         written["tokens"] += shard.num_tokens
-        rate = written["tokens"] / (time.perf_counter() - t0)
+        rate = written["tokens"] / (wall() - t0)
         rec.log({metrics.TOKENS_SEEN: written["tokens"], metrics.TOKENS_PER_S: rate, "shard": len(seen)})
 
     manifest = prepare_shards(cfg.data, show_progress=cfg.logger.console, on_shard=on_shard)
-    seconds = time.perf_counter() - t0
+    seconds = wall() - t0
     if cfg.verify:
         verify(cfg.data.out_dir)
     rows = []

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import math
 import statistics
-import time
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from phase6.optim import build_optimizer, build_scheduler, clip_grad_norm
 from phase6.parallel import parallelize, set_grad_sync
 from phase6.plan.pretrain import LossReference, PretrainPrediction, predict_pretrain
 from phase6.runrecord import RunRecord
+from phase6.timing import wall
 
 OVERFIT_TARGET = 0.1  # train.sanity=overfit_batch passes when the final loss is below this
 
@@ -179,7 +179,7 @@ def preflight_shards(data_dir: str, info: DistInfo) -> Manifest | None:
     """Every shard's header, the manifest's counts and every sha256, before step 1: a flipped byte in the last shard
     fails now, not hours in. The ranks share the hashing (shard i on rank i % world, threads within a rank) and
     exchange their findings, so every rank stops with the same one-line error."""
-    t0 = time.perf_counter()
+    t0 = wall()
     error = None
     try:
         manifest = verify_shards(data_dir, sha256=True, part=(info.rank, info.world_size))
@@ -198,7 +198,7 @@ def preflight_shards(data_dir: str, info: DistInfo) -> Manifest | None:
             gb = sum((Path(data_dir) / s.file).stat().st_size for s in manifest.shards) / 1e9
             print(
                 f"data: {len(manifest.shards)} shards ({gb:.2f} GB) match manifest.json, sha256 checked in "
-                f"{time.perf_counter() - t0:.1f} s"
+                f"{wall() - t0:.1f} s"
             )
     return manifest
 
@@ -298,10 +298,10 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         rec.log({metrics.VAL_LOSS: val_loss}, step=0)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    t_loop = time.perf_counter()
+    t_loop = wall()
     first_step = step
     while step < stop_at:
-        t0 = time.perf_counter()
+        t0 = wall()
         loss_sum = torch.zeros((), device=device)
         for micro in range(grad_accum_steps):
             x, y = overfit_batch if overfit_batch is not None else train_loader.next_batch()
@@ -318,7 +318,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         loss_val = all_reduce_mean(loss_sum / grad_accum_steps).item()  # the one host sync per step
         norm_val = grad_norm.item()
-        dt = time.perf_counter() - t0
+        dt = wall() - t0
         step += 1
         if not (math.isfinite(loss_val) and math.isfinite(norm_val)):
             last = latest_checkpoint(ckpt_dir)
@@ -356,7 +356,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
                 meta={"model": dataclasses.asdict(cfg.model), "run": cfg.run.name},
                 keep=tc.keep_checkpoints,
             )
-    loop_s = time.perf_counter() - t_loop
+    loop_s = wall() - t_loop
 
     # --- HF export (full weights gathered from every rank; rank 0 writes) ---
     hf_dir = None

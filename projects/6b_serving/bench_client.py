@@ -38,6 +38,7 @@ import numpy as np
 from phase6.serving import scripted_server
 from phase6.serving.client import RunOutcome, run_benchmark
 from phase6.serving.workload import build_schedule
+from phase6.timing import cpu
 
 
 class WordTok:
@@ -80,7 +81,7 @@ def timing_error(streams: int, n: int, seed: int, workdir: Path) -> dict[str, An
         mean_s = float(np.mean([s["ttft_s"] + sum(s["gaps_s"]) for s in scripts]))
         rate = streams / mean_s
         schedule = build_schedule("poisson", n, seed, request_rate=rate)
-        c0, s0, load0 = time.process_time(), cpu_s(srv.proc.pid), os.getloadavg()[0]
+        c0, s0, load0 = cpu(), cpu_s(srv.proc.pid), os.getloadavg()[0]
         out = run_benchmark(
             srv.base_url,
             "chat",
@@ -91,7 +92,7 @@ def timing_error(streams: int, n: int, seed: int, workdir: Path) -> dict[str, An
             tokenizer=WordTok(),
             send_time_header=True,
         )
-        c1, s1 = time.process_time(), cpu_s(srv.proc.pid)
+        c1, s1 = cpu(), cpu_s(srv.proc.pid)
         late = np.array(httpx.get(srv.base_url + "/lateness", timeout=30).json()["late_s"]) * 1e3
     finally:
         srv.stop()
@@ -138,7 +139,7 @@ def arrival_rates(rates: list[float], seconds: float, seed: int, workdir: Path) 
         for rate in rates:
             n = max(1000, int(rate * seconds))
             schedule = build_schedule("poisson", n, seed, request_rate=rate)
-            c0, s0, load0 = time.process_time(), cpu_s(srv.proc.pid), os.getloadavg()[0]
+            c0, s0, load0 = cpu(), cpu_s(srv.proc.pid), os.getloadavg()[0]
             out = run_benchmark(
                 srv.base_url,
                 "chat",
@@ -149,7 +150,7 @@ def arrival_rates(rates: list[float], seconds: float, seed: int, workdir: Path) 
                 read_timeout_s=10.0,
                 request_timeout_s=30.0,
             )
-            c1, s1 = time.process_time(), cpu_s(srv.proc.pid)
+            c1, s1 = cpu(), cpu_s(srv.proc.pid)
             lag = [r.dispatch_lag_s * 1e3 for r in out.results if r.dispatched]
             offered = offered_rate(out)
             row = {

@@ -4,7 +4,7 @@
     python projects/6b_serving/bench_prefill.py --model outputs/models/qwen2.5-14b --out prefill.json
 
 What it times: ``Engine._prefill`` (the server's own prefill path: padded (n, width) batch, 4-D mask, slot KV cache,
-last-token logits) on random weights, with ``torch.cuda.synchronize`` around each step; the median of ``--repeat``
+last-token logits) on random weights, CUDA-synchronized at both ends (``phase6.timing.timed``); the median of ``--repeat``
 steps after one warm step per shape. Each shape is run eagerly and compiled (the same engine; the compiled graphs
 are built once by ``warm_prefill`` before any timing). Its columns:
 
@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -39,15 +38,14 @@ import torch
 from phase6.serving.tp_server import ServerArgs
 from phase6.serving.tp_server.engine import Engine
 from phase6.serving.tp_server.model import build_model
+from phase6.timing import timed
 
 
 def one_step_ms(engine: Engine, prompts: list[list[int]], fresh: bool = True) -> float:
     """Wall time of one prefill step, GPU work included."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    engine._prefill(prompts, 0, fresh)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
+    with timed("cuda") as t:
+        engine._prefill(prompts, 0, fresh)
+    return t.s * 1e3
 
 
 def step_ms(engine: Engine, prompts: list[list[int]], compiled: bool, repeat: int, fresh: bool = True) -> float:

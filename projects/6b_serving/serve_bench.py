@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from phase6.serving.client import request_body, run_benchmark
 from phase6.serving.plots import plot_latency_cdfs, plot_timeseries, plot_vs_load
 from phase6.serving.stats import summarize
 from phase6.serving.workload import BenchWorkload, build_workload
+from phase6.timing import wall
 
 
 def resolve_model(cfg: ServeBenchRunConfig, rec: RunRecord) -> str:
@@ -250,7 +250,7 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
     )
     server_counters = server_counter_record(rec.dir, scrapes, outcome)
     details["server_generation_tokens_delta"] = server_counters.get("delta", {}).get("generation_tokens_total")
-    t0 = starts[0] if starts else time.perf_counter()
+    t0 = starts[0] if starts else wall()
     tele = telemetry.summarize(
         sampler.out, t0 + outcome.first_dispatch_s, t0 + outcome.first_dispatch_s + outcome.duration_s
     )

@@ -74,13 +74,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 from phase6.plan.model import qwen_config  # noqa: E402
+from phase6.timing import sync, wall  # noqa: E402
 
 # Qwen/Qwen2.5-7B-Instruct config.json: the base model's shapes (configs/plan/model/qwen2.5-7b.yaml), 32K positions
 QWEN25_7B = qwen_config("qwen2.5-7b", max_position_embeddings=32768)
@@ -193,14 +193,14 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
 
     v = VARIANTS[variant]
     cuda = not args.dry_run_cpu
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    device = "cuda" if cuda else "cpu"  # sync(device): CUDA-synchronized clock reads, a no-op on CPU
     torch.manual_seed(0)
     tok = gpt2_tokenizer(Path(args.tokenizer))
     pairs, _ = build_preference_pairs(read_rows(args.data), "llamafactory", source=args.data)
     if args.dry_run_cpu:
         pairs = pairs[:24]
     arch = dict(QWEN25_7B, **TINY_OVERRIDES) if args.dry_run_cpu else QWEN25_7B
-    with torch.device("cuda" if cuda else "cpu"):
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(Qwen2Config(**arch), dtype=torch.bfloat16 if cuda else torch.float32)
     weights_gib = torch.cuda.memory_allocated() / 2**30 if cuda else None
     if cuda:
@@ -212,12 +212,12 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
             self._t = 0.0
 
         def on_step_begin(self, *a: Any, **k: Any) -> None:
-            sync()
-            self._t = time.perf_counter()
+            sync(device)
+            self._t = wall()
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
-            sync()
-            self.times.append(time.perf_counter() - self._t)
+            sync(device)
+            self.times.append(wall() - self._t)
 
     timer = StepTimer()
     # instruments for the ref="trl" variant: TRL's weight hash and its reference pass, timed where TRL calls them
@@ -226,19 +226,19 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         real_hash = trl_dpo.hash_module
 
         def timed_hash(module: Any) -> str:
-            t = time.perf_counter()
+            t = wall()
             out = real_hash(module)
-            spent["hash_s"] += time.perf_counter() - t
+            spent["hash_s"] += wall() - t
             return out
 
         trl_dpo.hash_module = timed_hash
 
     class TimedTRLPrecompute(DPOTrainer):
         def _precompute_ref_logps(self, *a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
+            t = wall()
             out = super()._precompute_ref_logps(*a, **k)
-            sync()
-            spent["ref_pass_s"] += time.perf_counter() - t
+            sync(device)
+            spent["ref_pass_s"] += wall() - t
             return out
 
     mb = v["micro_batch_size"]
@@ -268,13 +268,13 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         v["ref"]
     ]
     trainer_cls = length_grouped(trainer_cls) if v["group"] else trainer_cls
-    t0 = time.perf_counter()
+    t0 = wall()
     trainer = trainer_cls(
         model=model, args=cfg, train_dataset=Dataset.from_list(pairs), processing_class=tok, peft_config=lora
     )
     trainer.add_callback(timer)
-    sync()
-    init_s = time.perf_counter() - t0
+    sync(device)
+    init_s = wall() - t0
     if v["ref"] == "sorted":
         spent["ref_pass_s"] = trainer.reference_pass_s
 
@@ -287,20 +287,20 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         return out
 
     trainer.data_collator = counting_collator
-    t1 = time.perf_counter()
+    t1 = wall()
     trainer.train()
-    sync()
-    train_s = time.perf_counter() - t1
+    sync(device)
+    train_s = wall() - t1
     if v["ref"] == "sorted":
         # what TRL's precompute would have spent on hash_module for this model: hash 2 decoder layers and scale by
         # element count (the hash is linear in it: every tensor goes to the CPU, is widened to fp32, SHA-256ed)
         layers = list(trainer.model.get_base_model().model.layers[:2])
-        t = time.perf_counter()
+        t = wall()
         for layer in layers:
             trl_dpo.hash_module(layer)
         sample_numel = sum(x.numel() for layer in layers for x in layer.state_dict().values())
         all_numel = sum(x.numel() for x in trainer.model.state_dict().values())
-        spent["hash_s"] = (time.perf_counter() - t) * all_numel / sample_numel
+        spent["hash_s"] = (wall() - t) * all_numel / sample_numel
 
     num_pairs = len(trainer.train_dataset)  # after TRL drops pairs whose prompt alone fills max_length
     accum = PAIRS_PER_STEP // mb
@@ -430,9 +430,9 @@ def main() -> int:
         if not path.is_file():
             raise ValueError(f"{what}: {path} not found")
     rows = []
-    t_all = time.perf_counter()
+    t_all = wall()
     for v in variants:
-        t = time.perf_counter()
+        t = wall()
         cmd = [sys.executable, __file__, "--child", v, *sys.argv[1:]]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_timeout)
@@ -444,10 +444,10 @@ def main() -> int:
         row = json.loads(line[len("BENCH_ROW ") :]) if line else {"variant": v, "status": f"crashed rc={rc}"}
         if row["status"] != "ok":
             sys.stderr.write(err[-3000:])
-        row["wall_s"] = time.perf_counter() - t
+        row["wall_s"] = wall() - t
         rows.append(row)
         short = {k: row.get(k) for k in ("variant", "status", "s_per_step", "init_s", "epoch_s", "peak_alloc_gib")}
-        print(f"[{time.perf_counter() - t_all:.0f}s] {json.dumps(short)}", flush=True)
+        print(f"[{wall() - t_all:.0f}s] {json.dumps(short)}", flush=True)
     print("\n" + table(rows))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))

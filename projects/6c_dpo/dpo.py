@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from phase6.posttrain.diagnostics import (
 )
 from phase6.posttrain.dpo_data import load_preference_data, preflighted
 from phase6.runrecord import RunRecord, trainer_log_callback
+from phase6.timing import wall
 
 
 def build_model_and_tokenizer(cfg: DPORunConfig, train_texts: list[str], use_cuda: bool) -> tuple[Any, Any, str]:
@@ -132,7 +132,7 @@ def build_trainer(cfg: DPORunConfig, model: Any, tok: Any, splits: Any, use_cuda
         logging_steps=d.logging_steps,
         save_strategy="no",
         report_to=[],  # RunRecord owns W&B (one run per sweep member) and metrics.jsonl
-        **passed,
+        **{"disable_tqdm": True, **passed},  # RunRecord prints one line per log step (dpo.trl may turn the bar on)
     )
     peft_cfg = lora_config(cfg, model)
     from phase6.posttrain.sampling import length_grouped
@@ -237,11 +237,14 @@ def main(cfg: DPORunConfig) -> Path:
         probe, tok.pad_token_id, cfg.dpo.max_length, diag.probe_batch_size, out_path=run_dir / "margins.jsonl"
     )
     trainer = build_trainer(cfg, model, tok, splits, use_cuda, [probe_cb, record_callback(rec)])
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # RunRecord prints the logs; Trainer would print them again as dicts
     if use_cuda:
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
+    t0 = wall()
     train_out = trainer.train()
-    train_s = time.perf_counter() - t0
+    train_s = wall() - t0
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if use_cuda else None
     final_eval = trainer.evaluate()
     if not probe_cb.records or probe_cb.records[-1].step != trainer.state.global_step:

@@ -63,6 +63,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 from phase6.plan.model import qwen_config  # noqa: E402
+from phase6.timing import timed, wall  # noqa: E402
 
 # Qwen/Qwen2.5-1.5B-Instruct config.json (configs/plan/model/qwen2.5-1.5b-instruct.yaml)
 QWEN25_15B = qwen_config("qwen2.5-1.5b-instruct")
@@ -138,7 +139,6 @@ def vllm_generate(args: argparse.Namespace, ids: list[list[int]]) -> tuple[Any, 
     import types
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import torch
     import vllm
     from vllm import LLM
     from vllm import SamplingParams as VSamplingParams
@@ -156,7 +156,7 @@ def vllm_generate(args: argparse.Namespace, ids: list[list[int]]) -> tuple[Any, 
         "torch_dtype": "bfloat16",
     }
     (tmp / "config.json").write_text(json.dumps(config))
-    t0 = time.perf_counter()
+    t0 = wall()
     llm = LLM(
         model=str(tmp),
         load_format="dummy",
@@ -167,7 +167,7 @@ def vllm_generate(args: argparse.Namespace, ids: list[list[int]]) -> tuple[Any, 
         max_num_seqs=len(ids),
         seed=0,
     )
-    init_s = time.perf_counter() - t0
+    init_s = wall() - t0
     params = VSamplingParams(
         max_tokens=args.new_tokens,
         min_tokens=args.new_tokens,
@@ -177,15 +177,12 @@ def vllm_generate(args: argparse.Namespace, ids: list[list[int]]) -> tuple[Any, 
         logprobs=0 if args.logprobs else None,
     )
     prompts = [TokensPrompt(prompt_token_ids=p) for p in ids]
-    t0 = time.perf_counter()
+    t0 = wall()
     llm.generate(prompts, params, use_tqdm=False)
-    first = time.perf_counter() - t0
-    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    sync()
-    gen_s = time.perf_counter() - t0
+    first = wall() - t0
+    with timed(DEVICE) as gen:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    gen_s = gen.s
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     if n != len(ids) * args.new_tokens:
         raise RuntimeError(f"vllm generated {n} tokens, expected {len(ids) * args.new_tokens} (forced lengths)")
@@ -293,17 +290,17 @@ def bench_throughput(args: argparse.Namespace) -> tuple[list[dict[str, Any]], li
                     return_logprobs=args.logprobs,
                     score_batch_size=8,
                 )
-                t0 = time.perf_counter()
+                t0 = wall()
                 engine.generate(ids, forced)  # compiles and records the CUDA graphs that the next call replays
-                first = time.perf_counter() - t0
+                first = wall() - t0
                 note = "generate, static cache" + (", compiled decode (reduce-overhead)" if compiled else ", eager")
                 row(rows, name, engine.generate(ids, forced), first, start_mem, note=note)
                 del engine, model
             elif name == "hf_loop":
                 engine = loop_engine(shared, args.logprobs)
-                t0 = time.perf_counter()
+                t0 = wall()
                 engine.generate(ids, forced)  # captures one CUDA graph per attention bucket
-                first = time.perf_counter() - t0
+                first = wall() - t0
                 out = engine.generate(ids, forced)
                 base_ms[name] = 1e3 * out.generate_s / args.new_tokens
                 row(rows, name, out, first, start_mem, **loop_extra(engine), note="decode loop, CUDA graphs")
@@ -322,9 +319,9 @@ def bench_throughput(args: argparse.Namespace) -> tuple[list[dict[str, Any]], li
         try:
             options, logprobs = LOOP_ABLATIONS[ab]
             engine = loop_engine(shared, logprobs, **options)
-            t0 = time.perf_counter()
+            t0 = wall()
             engine.generate(ids, forced)
-            first = time.perf_counter() - t0
+            first = wall() - t0
             out = engine.generate(ids, forced)
             extra = loop_extra(engine)
             if "hf_loop" in base_ms:
@@ -341,17 +338,12 @@ def bench_throughput(args: argparse.Namespace) -> tuple[list[dict[str, Any]], li
 
 
 def _time_ms(fn: Any, reps: int) -> float:
-    import torch
-
+    """Milliseconds per call: one warm call, then ``reps`` calls in one CUDA-synchronized region."""
     fn()
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    return 1e3 * (time.perf_counter() - t0) / reps
+    with timed(DEVICE) as t:
+        for _ in range(reps):
+            fn()
+    return 1e3 * t.s / reps
 
 
 def _attention_rows(rows_n: int, length: int, full: int, cfg: dict[str, Any], reps: int) -> list[dict[str, Any]]:

@@ -1,25 +1,124 @@
-"""GPU utilization and memory sampled through NVML in a background thread (no CUDA context, no torch).
+"""The one NVML reader: GPU names, memory, utilization and power through the driver (no torch, no CUDA context).
 
-Neither TRL nor verl records a utilization series (anchors §8), so jobs that want one start a ``GpuSampler``:
+Three users read it, each at its own rate:
+- ``gpu_info()``: the GPUs of this machine, once, for a run's env.json;
+- ``Nvml`` (a session: init once, ``sample()`` many times, ``close()``): serving telemetry's sampler process;
+- ``GpuSampler``: a background thread sampling utilization and memory for the GRPO phase timeline.
 
     with GpuSampler(interval_s=0.05) as sampler:   # 20 Hz
         ...
-    sampler.samples  -> [(t, gpu_index, util_pct, mem_used_gib), ...] on time.perf_counter()'s clock
+    sampler.samples  -> [(t, gpu_index, util_pct, mem_used_gib), ...] with t on phase6.timing.wall's clock
 
 NVML's utilization counter is the share of the last sample period (1/6 s to 1 s, device-dependent) in which a kernel
-was running, so 20 Hz oversamples it; that is fine for aligning with phases, not a finer resolution. On a machine
-without the NVIDIA driver the sampler records why it is unavailable instead of failing (``available`` is False).
+was running (not SM occupancy), so 20 Hz oversamples it; that is fine for aligning with phases, not a finer
+resolution. On a machine without the NVIDIA driver (or without pynvml) nothing fails: the session's ``status`` says
+why it is unavailable, ``gpu_info()`` is empty and the sampler records the reason (``available`` is False).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from phase6.figures import save_figure
+from phase6.timing import wall
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of one GPU."""
+
+    index: int
+    util_pct: float
+    """Share of the last NVML sample period in which a kernel ran."""
+    mem_used_gib: float
+    power_w: float
+    """Board power draw; NaN where the device does not report it."""
+
+
+class Nvml:
+    """An NVML session over every visible GPU (or ``indices``); ``status`` is "ok" or "unavailable: <why>"."""
+
+    def __init__(self, indices: list[int] | None = None) -> None:
+        self._nv: Any = None
+        self._handles: list[tuple[int, Any]] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+        except Exception as e:  # no driver / no library: recorded by the caller, never fatal to a run
+            self.status = f"unavailable: {type(e).__name__}: {e}"
+            return
+        if count == 0:
+            self.status = "unavailable: no GPUs"
+            pynvml.nvmlShutdown()
+            return
+        self._nv = pynvml
+        self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in (indices or range(count))]
+        self.status = "ok"
+
+    @property
+    def available(self) -> bool:
+        return self._nv is not None
+
+    @property
+    def indices(self) -> list[int]:
+        return [i for i, _ in self._handles]
+
+    def info(self) -> list[dict[str, Any]]:
+        """Index, name and total memory of each GPU."""
+        out = []
+        for i, h in self._handles:
+            name = self._nv.nvmlDeviceGetName(h)
+            out.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_gib": self._nv.nvmlDeviceGetMemoryInfo(h).total / GIB,
+                }
+            )
+        return out
+
+    def sample(self, power: bool = True) -> list[GpuSample]:
+        """Utilization, used memory and (``power``) power draw of each GPU now."""
+        out = []
+        for i, h in self._handles:
+            util = self._nv.nvmlDeviceGetUtilizationRates(h).gpu
+            mem = self._nv.nvmlDeviceGetMemoryInfo(h).used / GIB
+            watts = math.nan
+            if power:
+                with contextlib.suppress(Exception):  # not every board reports it (NVML_ERROR_NOT_SUPPORTED)
+                    watts = self._nv.nvmlDeviceGetPowerUsage(h) / 1000.0  # mW -> W
+            out.append(GpuSample(i, float(util), float(mem), watts))
+        return out
+
+    def close(self) -> None:
+        if self._nv is not None:
+            with contextlib.suppress(Exception):
+                self._nv.nvmlShutdown()
+            self._nv = None
+
+    def __enter__(self) -> Nvml:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def gpu_info() -> list[dict[str, Any]]:
+    """The GPUs of this machine (index, name, memory_gib); empty on a machine without a driver."""
+    with Nvml() as nv:
+        return nv.info() if nv.available else []
 
 
 class GpuSampler:
@@ -35,49 +134,37 @@ class GpuSampler:
         self.reason = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._nvml: Any = None
-        self._handles: list[tuple[int, Any]] = []
+        self._nv: Nvml | None = None
 
     def start(self) -> GpuSampler:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-        except Exception as e:  # no driver / no library: record it, the run goes on without the series
-            self.reason = f"NVML unavailable: {type(e).__name__}: {e}"
+        nv = Nvml(self.indices)
+        if not nv.available:
+            self.reason = f"NVML {nv.status}"
             return self
-        if count == 0:
-            self.reason = "NVML reports no GPUs"
-            pynvml.nvmlShutdown()
-            return self
-        self._nvml = pynvml
-        self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in (self.indices or range(count))]
+        self._nv = nv
         self.available = True
         self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        nvml = self._nvml
-        next_t = time.perf_counter()
+        assert self._nv is not None
+        next_t = wall()
         while not self._stop.is_set():
-            t = time.perf_counter()
-            for i, h in self._handles:
-                util = nvml.nvmlDeviceGetUtilizationRates(h).gpu
-                mem = nvml.nvmlDeviceGetMemoryInfo(h).used / 2**30
-                self.samples.append((t, i, float(util), float(mem)))
+            t = wall()
+            for s in self._nv.sample(power=False):
+                self.samples.append((t, s.index, s.util_pct, s.mem_used_gib))
             next_t += self.interval_s
-            self._stop.wait(max(0.0, next_t - time.perf_counter()))
+            self._stop.wait(max(0.0, next_t - wall()))
 
     def stop(self) -> None:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
             self._thread = None
-        if self._nvml is not None:
-            self._nvml.nvmlShutdown()
-            self._nvml = None
+        if self._nv is not None:
+            self._nv.close()
+            self._nv = None
 
     def __enter__(self) -> GpuSampler:
         return self.start()

@@ -27,8 +27,10 @@ from typing import Any
 
 import yaml
 
+from phase6.nvml import gpu_info
 from phase6.redact import redact, redact_argv, redact_text
 from phase6.terminal import format_rows
+from phase6.timing import wall
 
 PACKAGES = (
     "phase6",
@@ -110,31 +112,6 @@ def git_info(repo: Path) -> dict[str, Any]:
         return {"sha": sha or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
         return {"sha": None, "dirty": None}
-
-
-def gpu_info() -> list[dict[str, Any]]:
-    """GPUs through NVML (no torch import, no CUDA context); empty list on a machine without a driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return []
-    try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            gpus.append(
-                {
-                    "index": i,
-                    "name": name.decode() if isinstance(name, bytes) else name,
-                    "memory_gib": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30,
-                }
-            )
-        return gpus
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def env_info(overrides: list[str] | None = None) -> dict[str, Any]:
@@ -300,7 +277,7 @@ class RunRecord:
         assert cfg.run.dir, "cfg.run.dir is unset: the launcher (phase6.launch.run_job) decides the run directory"
         self.dir = Path(cfg.run.dir)
         self.plots_dir = self.dir / "plots"
-        self.t0 = time.time()
+        self.t0 = wall()
         self._wandb: Any = None
         self._metrics_f = None
         self._console = None
@@ -347,13 +324,17 @@ class RunRecord:
             sys.argv = argv
 
     def print(self, *args: Any) -> None:
+        """A line of prose: the terminal wraps it (rich would break a path in the middle at the console's width)."""
         if self.is_main:
-            (self._console.print if self._console else print)(*args)
+            if self._console is not None:
+                self._console.print(*args, soft_wrap=True)
+            else:
+                print(*args)
 
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if not self.is_main:
             return
-        row = redact({"step": step, "time_s": round(time.time() - self.t0, 4), **metrics})
+        row = redact({"step": step, "time_s": round(wall() - self.t0, 4), **metrics})
         assert self._metrics_f is not None
         self._metrics_f.write(dumps(row) + "\n")
         if self._wandb is not None:
@@ -361,7 +342,8 @@ class RunRecord:
         every = getattr(getattr(self.cfg, "logger", None), "log_every", 1)
         if self._console is not None and (step is None or step % every == 0):
             parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
-            self._console.print(f"[dim]{self.job}[/] step {step}: " + " | ".join(parts), highlight=False)
+            where = "" if step is None else f" step {step}"
+            self._console.print(f"[dim]{self.job}[/]{where}: " + " | ".join(parts), highlight=False)
 
     def finish(
         self,
@@ -386,7 +368,7 @@ class RunRecord:
                 if v:
                     results[k] = v
             results.update(extra or {})
-            results["wall_time_s"] = time.time() - self.t0
+            results["wall_time_s"] = wall() - self.t0
             results = redact(json.loads(dumps(results)))
             self._write_results(results)
             plots = sorted(str(p.relative_to(self.dir)) for p in self.plots_dir.glob("*.png"))
@@ -406,9 +388,7 @@ class RunRecord:
     def fail(self, error: str) -> None:
         """The run stopped on ``error``: results.json/results.md say ``status: failed`` and why (rank 0 only)."""
         if self.is_main:
-            results = redact(
-                {"job": self.job, "status": "failed", "error": error, "wall_time_s": time.time() - self.t0}
-            )
+            results = redact({"job": self.job, "status": "failed", "error": error, "wall_time_s": wall() - self.t0})
             self._write_results(results)
             (self.dir / "results.md").write_text(f"# {self.job} results\n\n**FAILED**: {results['error']}\n")
         self.close()

@@ -109,7 +109,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -123,6 +122,7 @@ from phase6.bench.pretrain_steps import bench_hf, load_yaml, not_run, reset, run
 from phase6.config import HardwareConfig
 from phase6.config.pretrain import ModelConfig, ParallelConfig
 from phase6.dist import DistInfo, init_distributed, teardown
+from phase6.timing import wall
 
 RESULT_TAG = "PHASE6_BENCH_JSON "
 ROWS = ("baseline", "hf", "levers", "combined", "accum", "multi", "muon")
@@ -136,7 +136,7 @@ MUON_PREDICTED = {1: "-8% vs AdamW at B x 1 (+10 ms NS)", 8: "-1% vs AdamW at x8
 class Budget:
     """Wall-clock budget of the whole run (estimates decide which optional rows still fit)."""
 
-    def __init__(self, total_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, total_s: float, clock: Callable[[], float] = wall) -> None:
         self.total_s, self.clock, self.t0 = total_s, clock, clock()
 
     def left(self) -> float:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
@@ -24,6 +23,7 @@ from phase6.models.gpt2 import GPT
 from phase6.models.hf import hf_config_from
 from phase6.optim import build_optimizer, clip_grad_norm
 from phase6.parallel import parallelize, set_grad_sync
+from phase6.timing import sync, wall
 
 
 def load_yaml(group: str, name: str) -> dict[str, Any]:
@@ -46,9 +46,9 @@ def time_steps(step: Callable[[], torch.Tensor], warmup: int, steps: int) -> tup
     warm, times = [], []
     for out, n in ((warm, warmup), (times, steps)):
         for _ in range(n):
-            t0 = time.perf_counter()
+            t0 = wall()
             step().item()
-            out.append(time.perf_counter() - t0)
+            out.append(wall() - t0)
     return warm, times
 
 
@@ -201,7 +201,7 @@ def kernel_breakdown(
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step().item()
-        torch.cuda.synchronize()
+        sync(device)
     totals: dict[str, float] = {}
     kernels = []
     for ev in prof.key_averages():

@@ -17,7 +17,6 @@ import json
 import multiprocessing as mp
 import os
 import sys
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -56,6 +55,7 @@ from phase6.data.tokenizer import (
     load_tokenizer,
     train_bpe,
 )
+from phase6.timing import wall
 
 PROGRESS_NAME = "progress.json"
 CHECK_CHARS = 200_000
@@ -178,7 +178,7 @@ class _Stats:
     def __init__(
         self, enabled: bool, total_docs: int | None, total_tokens: int | None, start_docs: int, start_tokens: int
     ) -> None:
-        self.t0 = time.perf_counter()
+        self.t0 = wall()
         self.start_tokens = start_tokens
         self.by_tokens = total_tokens is not None
         self.progress = None
@@ -204,7 +204,7 @@ class _Stats:
 
     def update(self, docs: int, tokens: int, shard: int) -> None:
         if self.progress is not None:
-            rate = (tokens - self.start_tokens) / max(time.perf_counter() - self.t0, 1e-9)
+            rate = (tokens - self.start_tokens) / max(wall() - self.t0, 1e-9)
             done = tokens if self.by_tokens else docs
             self.progress.update(self.task, completed=done, docs=docs, tokens=tokens, tok_s=rate, shard=shard)
 

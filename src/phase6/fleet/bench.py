@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from phase6 import timing
 from phase6.config import CONFIG_DIR, HardwareConfig
 from phase6.config.fleet import EngineConfig
 from phase6.fleet.sim import EngineLimits, Topology, simulate
@@ -87,7 +88,7 @@ def run_bench(requests: int, scenarios: list[str], engines: list[str]) -> list[d
             "pd": (Topology(prefill=6, decode=10), "least_loaded"),
         }[sc]
         for e in engines:
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0 = timing.wall(), timing.cpu()
             r = simulate(
                 w,
                 model,
@@ -98,7 +99,7 @@ def run_bench(requests: int, scenarios: list[str], engines: list[str]) -> list[d
                 engine=e,
                 kv_transfer_s=lambda n: kv_transfer_s(spec, hw, eng, "internode", n),
             )
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            wall, cpu = timing.wall() - t0, timing.cpu() - c0
             rows.append(
                 {
                     "scenario": sc,

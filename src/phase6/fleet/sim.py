@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from phase6 import timing
 from phase6.fleet.engines import TorchTPStepTime
 from phase6.fleet.kvcache import HostTier, PrefixCache
 from phase6.fleet.loops import HeapqLoop, SimpyLoop, _first_step_reaching, make_loop  # noqa: F401 (re-export)
@@ -626,9 +627,7 @@ class Simulation:
             self.loop.call_in(self.delay, self._arrive, j)
 
     def run(self) -> SimResult:
-        import time
-
-        t0 = time.perf_counter()
+        t0 = timing.wall()
         w = self.w
         if len(w):
             if self.closed is None:
@@ -639,7 +638,7 @@ class Simulation:
                 for j in range(k):
                     self.loop.call_in(self.delay, self._arrive, j)
         self.loop.run()
-        wall = time.perf_counter() - t0
+        wall = timing.wall() - t0
         assert self.done == len(w), f"simulation ended with {len(w) - self.done} requests unfinished"
         arrival = np.asarray(self.arr)
         first = np.asarray(self.first)

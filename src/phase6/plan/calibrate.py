@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from phase6.plan.profile import COLLECTIVES, PROFILE_KIND
+from phase6.timing import timed
 
 GPU_SIZES = [8 * 4**i for i in range(14)] + [2**30]  # 8 B ... 512 MiB, then 1 GiB
 SMALL_BYTES = 8192
@@ -98,15 +99,14 @@ def cli_main(argv: list[str]) -> Path:
     return out
 
 
-def _time_calls(fn: Any, iters: int, warmup: int, sync: Any) -> float:
+def _time_calls(fn: Any, iters: int, warmup: int, device: Any) -> float:
+    """Seconds per call of ``fn``: ``iters`` calls after ``warmup``, in one CUDA-synchronized region."""
     for _ in range(warmup):
         fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / iters
+    with timed(device) as t:
+        for _ in range(iters):
+            fn()
+    return t.s / iters
 
 
 def worker(a: argparse.Namespace) -> None:
@@ -127,10 +127,6 @@ def worker(a: argparse.Namespace) -> None:
     rank, n = dist.get_rank(), dist.get_world_size()
     nodes = max(1, n // int(os.environ.get("LOCAL_WORLD_SIZE", str(n))))
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
     def max_over_ranks(x: float) -> float:
         t = torch.tensor([x], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -141,7 +137,7 @@ def worker(a: argparse.Namespace) -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     x = torch.randn(mm_n, mm_n, device=device, dtype=dtype)
     y = torch.randn(mm_n, mm_n, device=device, dtype=dtype)
-    t_mm = _time_calls(lambda p=x, q=y: torch.mm(p, q), a.iters, a.warmup, sync)
+    t_mm = _time_calls(lambda p=x, q=y: torch.mm(p, q), a.iters, a.warmup, device)
     mm_tflops = 2 * mm_n**3 / t_mm / 1e12
     mm_tflops = -max_over_ranks(-mm_tflops)  # the slowest rank bounds a synchronous step
     del x, y
@@ -165,7 +161,7 @@ def worker(a: argparse.Namespace) -> None:
                 shard = torch.empty(elems // n, device=device, dtype=torch.float32)
                 fn = lambda o=shard, s=buf: dist.reduce_scatter_tensor(o, s)  # noqa: E731
                 factor = (n - 1) / n
-            t = max_over_ranks(_time_calls(fn, a.iters, a.warmup, sync))
+            t = max_over_ranks(_time_calls(fn, a.iters, a.warmup, device))
             points.append(
                 {
                     "bytes": nbytes,

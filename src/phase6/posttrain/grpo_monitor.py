@@ -111,5 +111,5 @@ def plot_length_histogram(before: list[int], after: list[int], path: Path, cap: 
     ax.axvline(cap, color="k", ls="--", lw=0.8, label="max_completion_length")
     ax.set_xlabel("completion length (tokens)")
     ax.set_ylabel("completions")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")  # "best" scans every bar (slow, and matplotlib warns)
     return save_figure(fig, path)

@@ -5,18 +5,19 @@ add up to the whole training loop. Inside it, named phases are timed with ``with
 (rollout runs inside the trainer's ``training_step``, which is timed as ``policy_update``) and each second is charged
 to the innermost phase only, so no second is counted twice. ``other`` is the step minus every named phase, hence
 ``sum(phases) == step`` holds by construction, and a negative ``other`` (double counting) is an assertion failure.
-Phase boundaries synchronize CUDA, otherwise asynchronous kernels would be charged to whichever phase waits for them.
+Phase boundaries synchronize CUDA (``phase6.timing.sync``: the current device, a no-op without CUDA), otherwise
+asynchronous kernels would be charged to whichever phase waits for them; the clock is ``phase6.timing.wall``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phase6 import timing
 from phase6.figures import save_figure
 
 # Fixed phase names, in the order of the table and of the stacked bars.
@@ -43,13 +44,6 @@ PHASE_HELP = {
 }
 
 
-def cuda_sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 @dataclass
 class _Open:
     name: str
@@ -61,8 +55,8 @@ class _Open:
 class PhaseTimer:
     """Exclusive-time accounting of named phases inside step windows."""
 
-    sync: Callable[[], None] = cuda_sync
-    clock: Callable[[], float] = time.perf_counter
+    sync: Callable[[], None] = timing.sync
+    clock: Callable[[], float] = timing.wall
     _stack: list[_Open] = field(default_factory=list)
     _totals: dict[str, float] = field(default_factory=dict)
     _window_start: float | None = None

@@ -21,10 +21,10 @@ gathered, so the pass is split across GPUs instead of repeated on each.
 
 from __future__ import annotations
 
-import time
 from typing import Any, TypeVar
 
 from phase6.posttrain.sampling import pair_lengths
+from phase6.timing import wall
 
 T = TypeVar("T")
 REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
@@ -95,7 +95,7 @@ def precomputed_reference(trainer_cls: type[T]) -> type[T]:
                     "its own pass (and hashes every weight on the CPU first) before this one"
                 )
             super().__init__(*args, **kwargs)
-            t0 = time.perf_counter()
+            t0 = wall()
             size = self.args.precompute_ref_batch_size or self.args.per_device_train_batch_size
             self.train_dataset = with_reference_logps(self, self.train_dataset, size)
             if isinstance(self.eval_dataset, dict):
@@ -104,7 +104,7 @@ def precomputed_reference(trainer_cls: type[T]) -> type[T]:
                 self.eval_dataset = with_reference_logps(self, self.eval_dataset, size)
             # from here on TRL's loss reads the reference from the batch (the branch its own precompute enables)
             self.precompute_ref_logps = True
-            self.reference_pass_s = time.perf_counter() - t0
+            self.reference_pass_s = wall() - t0
 
         def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
             # TRL calls this for a dataset passed to evaluate(); same sorted pass, no hash

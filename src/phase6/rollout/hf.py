@@ -23,7 +23,6 @@ the KV cache need ~5 ms: phase6.rollout.hf_loop says where the rest goes and is 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 import torch
@@ -31,14 +30,9 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from phase6.rollout import RolloutOutput, SamplingParams, WeightSyncStats, cut_at_eos
 from phase6.rollout.hf_loop import DecodeLoop, LoopOptions
+from phase6.timing import timed
 
 DECODES = ("loop", "generate")
-
-
-def device_sync(device: torch.device) -> None:
-    """Wait for queued kernels so wall-clock intervals measure the work, not its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def left_pad(
@@ -120,14 +114,11 @@ def naive_generate(
     cfg = generation_config(params, pad_id, eos_ids, static_cache=False, compile_decode=False)
     was_training = model.training
     model.eval()
-    device_sync(device)
-    t0 = time.perf_counter()
-    out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
-    device_sync(device)
-    seconds = time.perf_counter() - t0
+    with timed(device) as t:  # CUDA-synchronized: the kernels, not their launch
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
     model.train(was_training)
     completions = [cut_at_eos(row.tolist(), eos_ids) for row in out[:, ids.shape[1] :].cpu()]
-    return RolloutOutput(completions, None, seconds)
+    return RolloutOutput(completions, None, t.s)
 
 
 class HFEngine:
@@ -178,43 +169,36 @@ class HFEngine:
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, num_generations: int = 1) -> RolloutOutput:
         # the repeated prompts are generated as independent rows; num_generations only matters to vLLM's server mode
         if self.loop is not None:
-            t0 = time.perf_counter()
-            res = self.loop.generate(prompt_ids, params, self.return_logprobs)
-            generate_s = time.perf_counter() - t0
+            with timed() as t:  # the loop synchronizes its own phases
+                res = self.loop.generate(prompt_ids, params, self.return_logprobs)
             self.last_timing = {
                 "prefill_s": res.prefill_s,
                 "decode_s": res.decode_s,
                 "steps": res.steps,
                 "graphs_captured": res.graphs_captured,
             }
-            return RolloutOutput(res.completion_ids, res.logprobs, generate_s)
+            return RolloutOutput(res.completion_ids, res.logprobs, t.s)
         ids, mask = left_pad(prompt_ids, self.pad_id, self.device, self.pad_to_multiple)
         cfg = generation_config(params, self.pad_id, self.eos_ids, self.static_cache, self.compile_decode)
-        device_sync(self.device)
-        t0 = time.perf_counter()
-        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)  # (B, L + new)
-        device_sync(self.device)
-        generate_s = time.perf_counter() - t0
+        with timed(self.device) as gen:
+            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)  # (B, L + new)
         completions = [cut_at_eos(row.tolist(), self.eos_ids) for row in out[:, ids.shape[1] :].cpu()]
         if not self.return_logprobs:
-            return RolloutOutput(completions, None, generate_s)
-        t1 = time.perf_counter()
-        logprobs = sequence_logprobs(
-            self.model, prompt_ids, completions, params.temperature, self.pad_id, self.score_batch_size
-        )
-        device_sync(self.device)
-        return RolloutOutput(completions, logprobs, generate_s, time.perf_counter() - t1)
+            return RolloutOutput(completions, None, gen.s)
+        with timed(self.device) as score:
+            logprobs = sequence_logprobs(
+                self.model, prompt_ids, completions, params.temperature, self.pad_id, self.score_batch_size
+            )
+        return RolloutOutput(completions, logprobs, gen.s, score.s)
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
-        device_sync(self.device)
-        t0 = time.perf_counter()
         count = nbytes = 0
-        for name, tensor in named_tensors:
-            if name not in self._params:
-                raise ValueError(f"load_weights: engine model has no parameter {name!r}")
-            self._params[name].copy_(tensor, non_blocking=True)
-            count += 1
-            nbytes += tensor.numel() * tensor.element_size()
-        device_sync(self.device)
-        return WeightSyncStats(self.mechanism, count, nbytes, time.perf_counter() - t0)
+        with timed(self.device) as t:
+            for name, tensor in named_tensors:
+                if name not in self._params:
+                    raise ValueError(f"load_weights: engine model has no parameter {name!r}")
+                self._params[name].copy_(tensor, non_blocking=True)
+                count += 1
+                nbytes += tensor.numel() * tensor.element_size()
+        return WeightSyncStats(self.mechanism, count, nbytes, t.s)

@@ -37,7 +37,6 @@ under transformers 5.17 and 5.24.
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from transformers import PreTrainedModel
 
 from phase6.models.packed_gqa import register_packed_gqa
 from phase6.rollout import SamplingParams, cut_at_eos
+from phase6.timing import sync, wall
 
 ATTENTIONS = {"packed_gqa": register_packed_gqa(), "sdpa": "sdpa"}
 """LoopOptions.attention -> registry name; ``sdpa`` is transformers' own (repeat_kv under a mask on 5.17)."""
@@ -277,14 +277,14 @@ class DecodeLoop:
         st.t.zero_()
         captured = len(st.graphs)
         with self._attention():
-            _sync(self.device)
-            t0 = time.perf_counter()
+            sync(self.device)  # three synchronized clock reads: prefill = t1 - t0, decode = t2 - t1
+            t0 = wall()
             self._prefill(st, prompt_ids)
-            _sync(self.device)
-            t1 = time.perf_counter()
+            sync(self.device)
+            t1 = wall()
             steps = self._decode(st)
-            _sync(self.device)
-            t2 = time.perf_counter()
+            sync(self.device)
+            t2 = wall()
         tokens = st.tokens[:, :steps].cpu().tolist()
         eos_ids = set(self.eos.tolist())
         completions = [cut_at_eos(row, eos_ids) for row in tokens]
@@ -395,8 +395,3 @@ class DecodeLoop:
             st.logprobs.index_copy_(1, st.t, logprobs[:, None])
         st.cur.copy_(tokens[:, None])
         st.t.add_(1)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -36,14 +36,13 @@ import dataclasses
 import inspect
 import math
 import os
-import time
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from phase6.rollout import RolloutOutput, SamplingParams, WeightSyncStats
-from phase6.rollout.hf import device_sync
+from phase6.timing import timed
 
 MECHANISMS = {
     "colocate": "in-process vLLM reload_weights (collective_rpc, layerwise in-place reload), prefix cache reset",
@@ -163,11 +162,8 @@ class VLLMColocateEngine:
             detokenize=False,
         )
         self._wake()
-        device_sync(self.device)
-        t0 = time.perf_counter()
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in distinct], sampling, use_tqdm=False)
-        device_sync(self.device)
-        seconds = time.perf_counter() - t0
+        with timed(self.device) as t:
+            outputs = self.llm.generate([{"prompt_token_ids": p} for p in distinct], sampling, use_tqdm=False)
         completions: list[list[int]] = []
         logprobs: list[list[float]] = []
         for out in outputs:
@@ -188,19 +184,17 @@ class VLLMColocateEngine:
         if self.sleep_mode:
             self.llm.sleep(level=1)  # level 1 keeps the weights (offloaded to host), so a stale version survives
             self._asleep = True
-        return RolloutOutput(completions, logprobs, seconds)
+        return RolloutOutput(completions, logprobs, t.s)
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
         tensors = list(named_tensors)
         nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
         self._wake()
-        device_sync(self.device)
-        t0 = time.perf_counter()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
-        self.llm.reset_prefix_cache()
-        device_sync(self.device)
-        return WeightSyncStats(self.mechanism, len(tensors), nbytes, time.perf_counter() - t0)
+        with timed(self.device) as t:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
+            self.llm.reset_prefix_cache()
+        return WeightSyncStats(self.mechanism, len(tensors), nbytes, t.s)
 
 
 class VLLMServerEngine:
@@ -220,32 +214,27 @@ class VLLMServerEngine:
         self.gen.top_p, self.gen.top_k = params.top_p, params.top_k
         self.gen.max_completion_length = params.max_new_tokens
         self.gen.generation_kwargs = {"min_tokens": params.min_new_tokens} if params.min_new_tokens else {}
-        device_sync(self.device)
-        t0 = time.perf_counter()
-        _, completion_ids, logprobs, _ = self.gen.generate(
-            prompts=prompt_ids, images=None, num_generations=num_generations
-        )
-        device_sync(self.device)
-        seconds = time.perf_counter() - t0
+        with timed(self.device) as t:
+            _, completion_ids, logprobs, _ = self.gen.generate(
+                prompts=prompt_ids, images=None, num_generations=num_generations
+            )
         # top-1 entry = the sampled token (logprobs=0); vLLM writes None for a NaN log-prob
         flat = None
         if logprobs is not None:
             flat = [[float("nan") if lp[0] is None else lp[0] for lp in seq] for seq in logprobs]
-        return RolloutOutput([list(c) for c in completion_ids], flat, seconds)
+        return RolloutOutput([list(c) for c in completion_ids], flat, t.s)
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
         tensors = list(named_tensors)
         nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-        device_sync(self.device)
-        t0 = time.perf_counter()
-        if self.gen.accelerator.is_main_process:
-            on_device = [(n, t.to(self.device, non_blocking=True)) for n, t in tensors]
-            metadata = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in on_device]
-            self.gen.vllm_client.update_named_params(metadata, iter(on_device))
-            self.gen.vllm_client.reset_prefix_cache()
-        device_sync(self.device)
-        return WeightSyncStats(self.mechanism, len(tensors), nbytes, time.perf_counter() - t0)
+        with timed(self.device) as span:
+            if self.gen.accelerator.is_main_process:
+                on_device = [(n, t.to(self.device, non_blocking=True)) for n, t in tensors]
+                metadata = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in on_device]
+                self.gen.vllm_client.update_named_params(metadata, iter(on_device))
+                self.gen.vllm_client.reset_prefix_cache()
+        return WeightSyncStats(self.mechanism, len(tensors), nbytes, span.s)
 
 
 def build_vllm_engine(

@@ -5,7 +5,7 @@ aiohttp's default cap of 100 connections silently queues requests, anchors §4),
 the clock starts; for the run the GC heap is frozen, the collector off and the descriptor table pre-grown (each a
 multi-ms stall of the loop otherwise: docs/benchmarks.md, "Strict 256-stream timing test").
 
-Per request (all times from ``time.perf_counter``, relative to the run start ``t0``):
+Per request (all times on ``phase6.timing.wall``, relative to the run start ``t0``):
 - ``scheduled_s``: planned arrival; ``dispatch_s``: when the client actually started it (dispatch lag =
   dispatch - scheduled); ``send_s``: after the concurrency gate, just before the HTTP request (client queue time
   = send - dispatch, reported apart and excluded from TTFT, vLLM #54101).
@@ -40,7 +40,6 @@ import os
 import resource
 import select
 import selectors
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -49,6 +48,7 @@ import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
 from phase6.serving.workload import BenchRequest, TokenizerLike
+from phase6.timing import wall
 
 T = TypeVar("T")
 API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -76,7 +76,7 @@ class PreciseEpollSelector(selectors.EpollSelector):
 class TimedResponseHandler(ResponseHandler):
     """aiohttp's connection protocol, stamping every socket read as it arrives (before any coroutine resumes).
 
-    ``rx_log`` holds ``(payload bytes received so far, perf_counter())`` for each read of the current response
+    ``rx_log`` holds ``(payload bytes received so far, wall())`` for each read of the current response
     body (``rx_owner``, its ``StreamReader``); a new response on the connection gets a fresh list, so a reader
     that kept the old list is not disturbed when aiohttp reuses the connection before it finished reading.
     """
@@ -85,7 +85,7 @@ class TimedResponseHandler(ResponseHandler):
     rx_log: list[tuple[int, float]] | None = None
 
     def data_received(self, data: bytes) -> None:
-        t = time.perf_counter()
+        t = wall()
         super().data_received(data)
         p = self._payload
         if p is None:
@@ -481,7 +481,7 @@ async def run_requests(
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Task[None]] = []
     abort: list[str] = []
-    perf = time.perf_counter
+    perf = wall
     warm_results: list[RequestResult] = []
     timeouts = [0]  # consecutive requests that ended in a timeout (reset by any other outcome)
     streams: dict[int, _Stream] = {}

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from phase6 import timing
 from phase6.serving.client import RunOutcome, request_body, run_benchmark
 from phase6.serving.slo import percentile
 from phase6.serving.workload import BenchRequest
@@ -74,9 +74,9 @@ def phase6_run(
 ) -> tuple[ClientRun, RunOutcome]:
     kw = dict(engine="vllm", api="completions", model=model_id, fix_output_len=True, temperature=temperature)
     bodies = [request_body(r, extra_body=extra_body, **kw) for r in requests]
-    t, c = time.perf_counter(), time.process_time()
+    t, c = timing.wall(), timing.cpu()
     out = run_benchmark(base_url, "completions", bodies, [0.0] * len(bodies), concurrency, warmup=[bodies[0]] * warmups)
-    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    wall, cpu = timing.wall() - t, timing.cpu() - c
     ok = [r for r in out.results if r.ok]
     out_tok = sum(r.output_tokens for r in ok)
     return (
@@ -151,9 +151,9 @@ def vllm_run(args: list[str], result: Path) -> ClientRun:
 
     parser = FlexibleArgumentParser(prog="vllm bench serve")
     add_cli_args(parser)
-    t, c = time.perf_counter(), time.process_time()
+    t, c = timing.wall(), timing.cpu()
     bench_main(parser.parse_args(args))
-    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    wall, cpu = timing.wall() - t, timing.cpu() - c
     r = json.loads(result.read_text())
     return ClientRun(
         client="vllm bench serve",

@@ -36,6 +36,7 @@ from phase6.config.serve import ServeConfig
 from phase6.errors import UserError
 from phase6.redact import redact_argv, redact_text
 from phase6.serving import vllm_env
+from phase6.timing import wall
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per readiness poll otherwise
 
@@ -232,9 +233,9 @@ class Server:
     def wait_ready(self, timeout_s: float) -> None:
         if self.model_id:  # already probed ready (a reused server)
             return
-        t0 = time.perf_counter()
+        t0 = wall()
         detail = ""
-        while time.perf_counter() - t0 < timeout_s:
+        while wall() - t0 < timeout_s:
             died = self.exited()
             if died:
                 raise RuntimeError(
@@ -244,7 +245,7 @@ class Server:
             ok, detail = probe_ready(self.base_url)
             if ok:
                 self.model_id = detail
-                self.startup_s = time.perf_counter() - t0
+                self.startup_s = wall() - t0
                 self.version = engine_version(self.base_url, self.engine)
                 return
             time.sleep(0.5)
@@ -268,8 +269,8 @@ class Server:
                 break
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)
-            t0 = time.perf_counter()
-            while _group_alive(pgid, self.proc) and time.perf_counter() - t0 < wait_s:
+            t0 = wall()
+            while _group_alive(pgid, self.proc) and wall() - t0 < wait_s:
                 time.sleep(0.05)
         self.proc.wait(timeout=10)
 

@@ -1,7 +1,7 @@
 """Side-channel samplers for a measured run: GPU utilisation/memory (NVML) and the server's Prometheus /metrics.
 
 They run in a separate process (``Sampler``) so that parsing a scrape never holds the client's GIL while it
-timestamps chunks. Output is JSONL with ``t`` on CLOCK_MONOTONIC (the client's ``perf_counter`` clock):
+timestamps chunks. Output is JSONL with ``t`` on ``phase6.timing.wall``'s clock (the client's; one monotonic clock per host):
 
     {"kind": "status", "nvml": "ok" | "unavailable: ...", "metrics": "ok" | "unavailable: ..."}
     {"kind": "nvml", "t": ..., "gpus": [{"index": 0, "util_pct": 97, "mem_used_gib": 71.2, "power_w": 612.0}]}
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
-import math
 import signal
 import subprocess
 import sys
@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from phase6.nvml import Nvml
+from phase6.timing import wall
 
 PROM_NAMES: dict[str, tuple[str, ...]] = {
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
@@ -85,10 +88,10 @@ def scrape(metrics_url: str, timeout_s: float = 5.0) -> tuple[str | None, str]:
 def counters_settled(metrics_url: str, settle_s: float = 0.3, max_s: float = 10.0) -> str:
     """The exposition once the token counters stopped moving (the engine records a request's stats as it emits its
     last output, so a scrape right after the client saw the last chunk can be a step behind); max ``max_s``."""
-    t_end = time.monotonic() + max_s
+    t_end = wall() + max_s
     text, _ = scrape(metrics_url)
     prev = parse_prometheus(text or "")
-    while time.monotonic() < t_end:
+    while wall() < t_end:
         time.sleep(settle_s)
         nxt, _ = scrape(metrics_url)
         cur = parse_prometheus(nxt or "")
@@ -108,36 +111,11 @@ def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[st
     }
 
 
-def _nvml_open() -> tuple[Any, list[Any], str]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception as e:  # no driver / no library: recorded, not fatal
-        return None, [], f"unavailable: {type(e).__name__}: {e}"
-    if not handles:
-        return None, [], "unavailable: no GPUs"
-    return pynvml, handles, "ok"
-
-
-def _nvml_sample(nv: Any, handles: list[Any]) -> list[dict[str, Any]]:
-    gpus = []
-    for i, h in enumerate(handles):
-        util = nv.nvmlDeviceGetUtilizationRates(h)
-        mem = nv.nvmlDeviceGetMemoryInfo(h)
-        power = math.nan
-        with contextlib.suppress(Exception):
-            power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
-        gpus.append({"index": i, "util_pct": float(util.gpu), "mem_used_gib": mem.used / 2**30, "power_w": power})
-    return gpus
-
-
 def sample_loop(
     out: Path, metrics_url: str | None, metrics_interval_s: float, nvml_interval_s: float, stop: threading.Event
 ) -> None:
     """Write samples to ``out`` until ``stop`` is set."""
-    nv, handles, nvml_status = _nvml_open()
+    nv = Nvml()
     metrics_status = "unavailable: no URL" if metrics_url is None else "ok"
     client = httpx.Client(timeout=max(0.5, metrics_interval_s), trust_env=False)
     if metrics_url is not None:
@@ -150,32 +128,28 @@ def sample_loop(
         except httpx.HTTPError as e:
             metrics_status = f"unavailable: {type(e).__name__}"
     with out.open("w", buffering=1) as f:
-        f.write(json.dumps({"kind": "status", "nvml": nvml_status, "metrics": metrics_status}) + "\n")
-        next_nvml = next_metrics = time.monotonic()
+        f.write(json.dumps({"kind": "status", "nvml": nv.status, "metrics": metrics_status}) + "\n")
+        next_nvml = next_metrics = wall()
         while not stop.is_set():
-            now = time.monotonic()
-            if nv is not None and now >= next_nvml:
-                f.write(json.dumps({"kind": "nvml", "t": now, "gpus": _nvml_sample(nv, handles)}) + "\n")
+            now = wall()
+            if nv.available and now >= next_nvml:
+                gpus = [dataclasses.asdict(g) for g in nv.sample()]
+                f.write(json.dumps({"kind": "nvml", "t": now, "gpus": gpus}) + "\n")
                 next_nvml += nvml_interval_s
             if metrics_status == "ok" and now >= next_metrics:
                 assert metrics_url is not None
                 with contextlib.suppress(httpx.HTTPError):
                     r = client.get(metrics_url)
                     if r.status_code == 200:
-                        f.write(
-                            json.dumps({"kind": "metrics", "t": time.monotonic(), "values": parse_prometheus(r.text)})
-                            + "\n"
-                        )
+                        f.write(json.dumps({"kind": "metrics", "t": wall(), "values": parse_prometheus(r.text)}) + "\n")
                 next_metrics += metrics_interval_s
             wake = min(
-                [x for x, on in ((next_nvml, nv is not None), (next_metrics, metrics_status == "ok")) if on],
+                [x for x, on in ((next_nvml, nv.available), (next_metrics, metrics_status == "ok")) if on],
                 default=now + 0.5,
             )
-            stop.wait(max(0.0, wake - time.monotonic()))
+            stop.wait(max(0.0, wake - wall()))
     client.close()
-    if nv is not None:
-        with contextlib.suppress(Exception):
-            nv.nvmlShutdown()
+    nv.close()
 
 
 class Sampler:
@@ -209,8 +183,8 @@ class Sampler:
             self.proc = subprocess.Popen(
                 self.cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=module_env()
             )
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:  # the status line says the first samples are on their way
+        t0 = wall()
+        while wall() - t0 < timeout_s:  # the status line says the first samples are on their way
             if self.out.exists() and self.out.stat().st_size > 0:
                 return
             if self.proc.poll() is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from torch import nn
 
 from phase6.serving.tp_server.args import ServerArgs
 from phase6.serving.tp_server.model import decoder_layers
+from phase6.timing import sync, wall
 
 # Step commands broadcast by rank 0 (header[0]).
 CMD_STEP, CMD_NOOP, CMD_STOP = 1, 2, 3
@@ -302,14 +302,13 @@ class Engine:
         from torch._dynamo.utils import counters
 
         assert self._compiled_layer_fwd, "Engine(compile_prefill=True) builds the compiled layers"
-        t0 = time.perf_counter()
+        t0 = wall()
         w = min(9, self.cache.max_len)
         for n in (1, 2) if self.cache.max_batch >= 2 else (1,):
             self._prefill([[0] * w] * n, 0)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        sync(self.device)
         self.graphs_at_start = int(counters["stats"]["unique_graphs"])
-        return time.perf_counter() - t0, self.graphs_at_start
+        return wall() - t0, self.graphs_at_start
 
     def _decode_eager(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         n, dev = len(tokens), self.device
@@ -345,7 +344,7 @@ class Engine:
         """One CUDA graph per (batch, KV length) bucket, captured in the same order on every rank (the graphs hold
         the TP collectives, so every rank must replay the same graph each step); returns the seconds it took."""
         assert self.cuda_graphs and self.device.type == "cuda"
-        t0 = time.perf_counter()
+        t0 = wall()
         self.g_mask.zero_()
         self.g_mask[:, :, :, 0] = True  # capture inputs: row i decodes at position 0 (no all-masked rows)
         pool = torch.cuda.graph_pool_handle()
@@ -360,8 +359,8 @@ class Engine:
                 with torch.cuda.graph(graph, pool=pool):
                     out = self._decode_bucketed(batch, kv_len)
                 self.graphs[(batch, kv_len)] = (graph, out)
-        torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
+        sync(self.device)
+        return wall() - t0
 
     def verify_graphs(self) -> dict[str, float]:
         """Start-up check on every rank, errors as max |difference| / max |logit|: graph replay vs the same bucket run

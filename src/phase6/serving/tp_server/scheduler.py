@@ -6,7 +6,6 @@ import contextlib
 import logging
 import math
 import queue
-import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -16,6 +15,7 @@ import torch
 
 from phase6.serving.tp_server.args import ServerArgs
 from phase6.serving.tp_server.engine import CMD_NOOP, CMD_STEP, CMD_STOP, Engine, StepPlan
+from phase6.timing import wall
 
 IDLE_HEARTBEAT_S = 30.0  # an idle rank 0 sends NOOP this often, far inside the control group's timeout
 
@@ -43,7 +43,7 @@ class Request:
     params: GenParams
     sink: Callable[[list[tuple[Request, int | None, str | None]]], None]
     """Called from the engine thread with this step's events; must be thread-safe (call_soon_threadsafe)."""
-    arrival: float = field(default_factory=time.perf_counter)
+    arrival: float = field(default_factory=wall)
     output: list[int] = field(default_factory=list)
     cache_len: int = 0
     """Tokens of this request currently in its KV row."""
@@ -182,7 +182,7 @@ class Scheduler:
             if self.pending_moves:
                 self.pending_moves.clear()  # nothing runs: the moved rows are empty anyway
             return True
-        now = time.perf_counter()
+        now = wall()
         for r in admitted:
             self.counters["queue_sum"] += now - r.arrival
             self.counters["queue_count"] += 1
@@ -199,7 +199,7 @@ class Scheduler:
         reqs = decode_rows + admitted
         tokens = self._sample(logits, reqs)
         self.active.extend(admitted)
-        now = time.perf_counter()
+        now = wall()
         for r in decode_rows:
             r.cache_len += 1
         for r in admitted:

@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from phase6.serving.tp_server.engine import CMD_STEP, Engine, StepPlan
 from phase6.serving.tp_server.http import Api, serve_http
 from phase6.serving.tp_server.model import broadcast_weights, build_model
 from phase6.serving.tp_server.scheduler import Scheduler
+from phase6.timing import wall
 
 log = logging.getLogger("phase6.tp_server")
 
@@ -78,7 +78,7 @@ def run(args: ServerArgs) -> int:
         else:
             dist.init_process_group("gloo")
         ctrl = dist.new_group(backend="gloo")  # the step plan travels on CPU: no GPU sync to read it
-    t0 = time.perf_counter()
+    t0 = wall()
     model = build_model(args, device, dtype)
     if world > 1 and args.dummy_weights:
         broadcast_weights(model)
@@ -116,7 +116,7 @@ def run(args: ServerArgs) -> int:
         engine.cache.nbytes / 2**30,
         args.max_batch,
         args.max_model_len,
-        time.perf_counter() - t0,
+        wall() - t0,
     )
     if rank != 0:
         signal.signal(signal.SIGTERM, lambda *_: None)  # wait for rank 0's STOP (torchrun ends us if rank 0 dies)
