@@ -569,7 +569,7 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
         m = AutoModelForCausalLM.from_pretrained(work / "model", dtype=dtype).to(DEVICE)
         return HFEngine(m, PAD, [EOS], decode=args.step_decode, pad_to_multiple=64, score_batch_size=8)
 
-    t0 = time.perf_counter()
+    t0 = wall()
     trainer = EngineGRPOTrainer(
         model=str(work / "model"),
         reward_funcs=[digit_reward],
@@ -579,7 +579,7 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
         engine_builder=build,
         probe_every=0,
     )
-    init_s = time.perf_counter() - t0
+    init_s = wall() - t0
     trainer.train()
     # per step: the phase seconds, and what the trainer logged for it (engine tokens/s, lengths, sync, mismatch)
     logs = [h for h in trainer.state.log_history if "time/step_s" in h]
