@@ -30,6 +30,25 @@ M=$W/models/qwen2.5-14b-fullvocab
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
+# The vLLM server every serving call measures (dummy Qwen2.5-14B weights, TP=1); waits up to $1 s for /health and
+# sets srv (its pid) and ready (1 once it answers).
+start_vllm() {
+    python3 -m vllm.entrypoints.cli.main serve "$M" --host 127.0.0.1 --port 8000 \
+        --served-model-name qwen2.5-14b-dummy --tensor-parallel-size 1 --dtype bfloat16 --max-model-len 4096 \
+        --load-format dummy --gpu-memory-utilization 0.9 --max-num-seqs 256 --max-num-batched-tokens 8192 \
+        --no-enable-prefix-caching --seed 0 > "$OUT/vllm_server.log" 2>&1 &
+    srv=$!
+    ready=0
+    for _ in $(seq 1 "$1"); do
+        if ! kill -0 $srv 2>/dev/null; then break; fi
+        if python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then
+            ready=1
+            break
+        fi
+        sleep 1
+    done
+}
+
 if [ -f "$carry/setup.tar.xz" ] && [ ! -d "$W/repo" ]; then
     mkdir -p "$W/repo"
     tar --exclude=./.dev --exclude=./.venv --exclude=./.venv-vllm --exclude=./.git -cf - . | tar -xf - -C "$W/repo"
@@ -70,20 +89,7 @@ serve)
     export PYTHONPATH=/tmp/site:$W/repo/src
     python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -3
     el "vllm serve start"
-    python3 -m vllm.entrypoints.cli.main serve "$M" --host 127.0.0.1 --port 8000 \
-        --served-model-name qwen2.5-14b-dummy --tensor-parallel-size 1 --dtype bfloat16 --max-model-len 4096 \
-        --load-format dummy --gpu-memory-utilization 0.9 --max-num-seqs 256 --max-num-batched-tokens 8192 \
-        --no-enable-prefix-caching --seed 0 > "$OUT/vllm_server.log" 2>&1 &
-    srv=$!
-    ready=0
-    for _ in $(seq 1 420); do
-        if ! kill -0 $srv 2>/dev/null; then break; fi
-        if python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then
-            ready=1
-            break
-        fi
-        sleep 1
-    done
+    start_vllm 420
     el "vllm ready=$ready"
     if [ $ready = 1 ]; then
         timeout 200 python3 -m phase6 serve-bench -m experiment=gpu_h200_vllm serve.endpoint=http://127.0.0.1:8000 \
@@ -142,20 +148,7 @@ ttft)
     mkdir -p "$T"
     scrape() { python3 -c "import urllib.request as u, sys; open(sys.argv[1], 'wb').write(u.urlopen('http://127.0.0.1:8000/metrics', timeout=10).read())" "$1"; }
     el "vllm serve start"
-    python3 -m vllm.entrypoints.cli.main serve "$M" --host 127.0.0.1 --port 8000 \
-        --served-model-name qwen2.5-14b-dummy --tensor-parallel-size 1 --dtype bfloat16 --max-model-len 4096 \
-        --load-format dummy --gpu-memory-utilization 0.9 --max-num-seqs 256 --max-num-batched-tokens 8192 \
-        --no-enable-prefix-caching --seed 0 > "$OUT/vllm_server.log" 2>&1 &
-    srv=$!
-    ready=0
-    for _ in $(seq 1 300); do
-        if ! kill -0 $srv 2>/dev/null; then break; fi
-        if python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then
-            ready=1
-            break
-        fi
-        sleep 1
-    done
+    start_vllm 300
     el "vllm ready=$ready"
     n=$(python3 -c "import json; print([e['requests'] for e in json.load(open('$W/vreq/index.json')) if e['concurrency'] == 1][0])")
     p6() {
