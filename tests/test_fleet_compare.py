@@ -125,7 +125,7 @@ def planted_sweep(
     (64 seqs, 16384) and, by default, the torch-tp engine profile its config.yaml implies (cuda-graphs, 4096)."""
     cfg = FleetRunConfig(hardware=HW, model="llama3.1-8b", engine=EngineConfig(tp=1))
     setup = build_setup(cfg)
-    true_eng = dataclasses.replace(cfg.engine, **planted, max_num_seqs=64, max_batched_tokens=16384, **profile)
+    true_eng = dataclasses.replace(cfg.engine, **planted, max_num_seqs=64, max_num_batched_tokens=16384, **profile)
     limits = EngineLimits(64, 16384, kv_capacity_blocks(setup.spec, HW, true_eng))
     true = dataclasses.replace(setup, model=build_step_model(setup.spec, HW, true_eng), engine=true_eng, limits=limits)
     rng = np.random.default_rng(0)
@@ -163,7 +163,7 @@ def test_calibration_on_c1_predicts_c16_c64(tmp_path: Path) -> None:
     sweep, cfg, setup, _ = planted_sweep(tmp_path)
     runs, _ = load_serve_bench(sweep)
     engine, limits, _, _ = replica_config(runs[0], cfg, setup)
-    assert (engine.profile, engine.max_num_seqs, engine.max_batched_tokens) == ("torch-tp", 64, 16384)
+    assert (engine.profile, engine.max_num_seqs, engine.max_num_batched_tokens) == ("torch-tp", 64, 16384)
     fit = calibrate(setup, runs[0], engine, limits)
     for k, v in PLANTED.items():
         assert getattr(fit, k) == pytest.approx(v, rel=1e-4), k
@@ -369,10 +369,10 @@ def test_torch_tp_limits_default_to_the_server_defaults(tmp_path: Path) -> None:
     cfg["serve"]["engine"] = "sglang"
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     (measured,), _ = load_serve_bench(run)
-    assert engine_limits(measured, EngineConfig(tp=1, max_num_seqs=32, max_batched_tokens=4096)) == (
+    assert engine_limits(measured, EngineConfig(tp=1, max_num_seqs=32, max_num_batched_tokens=4096)) == (
         32,
         4096,
-        "engine.max_num_seqs=32, engine.max_batched_tokens=4096",
+        "engine.max_num_seqs=32, engine.max_num_batched_tokens=4096",
     )
 
 

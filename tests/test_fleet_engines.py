@@ -31,7 +31,7 @@ from phase6.fleet.workload import Workload
 HW = HardwareConfig(**yaml.safe_load((CONFIG_DIR / "hardware" / "h200.yaml").read_text()))
 QWEN14 = Path(__file__).parent / "data" / "serve_bench_sweep_h200" / "qwen2.5-14b_config.json"
 SPEC = model_spec(str(QWEN14))
-TT = dict(max_num_seqs=64, max_batched_tokens=16384, max_model_len=4096, cuda_graphs=True)
+TT = dict(max_num_seqs=64, max_num_batched_tokens=16384, max_model_len=4096, cuda_graphs=True)
 ENG = EngineConfig(
     tp=1, profile="torch-tp", step_overhead_ms=5.0, prefill_overhead_ms=100.0, prefill_mfu=0.5, decode_seq_ms=0.0, **TT
 )
@@ -44,7 +44,7 @@ def model(**kw: object) -> TorchTPStepTime:
 
 
 def limits(eng: EngineConfig = ENG) -> EngineLimits:
-    return EngineLimits(eng.max_num_seqs, eng.max_batched_tokens, kv_capacity_blocks(SPEC, HW, eng))
+    return EngineLimits(eng.max_num_seqs, eng.max_num_batched_tokens, kv_capacity_blocks(SPEC, HW, eng))
 
 
 def workload(n_in: list[int], n_out: list[int], t: list[float] | None = None) -> Workload:
@@ -103,7 +103,7 @@ def test_admission_is_the_schedulers(running: int, prompts: list[int]) -> None:
     # (simultaneous arrivals at an idle replica would start a step with the first alone), so the next step has that
     # request decoding (1 row busy) and admits by the same rule
     if running == 0:
-        eng = dataclasses.replace(ENG, max_num_seqs=8, max_batched_tokens=2000)
+        eng = dataclasses.replace(ENG, max_num_seqs=8, max_num_batched_tokens=2000)
         k = len(prompts)
         w = workload([50, *prompts], [2] + [3] * k, [0.0] + [1e-6] * k)
         res = simulate(w, build_step_model(SPEC, HW, eng), limits(eng), Topology(1), "round_robin")

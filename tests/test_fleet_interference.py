@@ -98,7 +98,7 @@ def _one_long_prefill_among_decodes(chunked: bool) -> tuple[np.ndarray, np.ndarr
     inp = np.r_[np.full(8, 100), 6000]
     out = np.r_[np.full(8, 200), 5]
     w = Workload(arr, inp.astype(np.int64), out.astype(np.int64), np.arange(n), None, "t")
-    eng = dataclasses.replace(ENG, chunked_prefill=chunked, max_batched_tokens=8192)
+    eng = dataclasses.replace(ENG, chunked_prefill=chunked, max_num_batched_tokens=8192)
     model = planner_model(SPEC, HW, eng)
     r = simulate(w, model, EngineLimits(64, 8192, 400, chunked), Topology(colocated=1), "round_robin")
     return r.token_gaps[0], r.token_gaps[1], (r, model)
@@ -270,7 +270,7 @@ def test_decode_seq_cost_is_per_row_of_every_step() -> None:
     for args in ((0, 0.0, 58, 58 * 700), (512, 512 * 513 / 2, 58, 58 * 700), (512, 512 * 513 / 2, 0, 0)):
         assert m.step_s(*args) - m0.step_s(*args) == pytest.approx(args[2] * 0.25e-3, abs=1e-12)
     assert m.decode_run_s(58, 58 * 700, 9) - m0.decode_run_s(58, 58 * 700, 9) == pytest.approx(9 * 58 * 0.25e-3)
-    tt = dict(profile="torch-tp", cuda_graphs=True, max_num_seqs=64, max_batched_tokens=16384)
+    tt = dict(profile="torch-tp", cuda_graphs=True, max_num_seqs=64, max_num_batched_tokens=16384)
     t0 = build_step_model(spec, hw, dataclasses.replace(eng0, **tt))
     t1 = build_step_model(spec, hw, dataclasses.replace(eng, **tt))
     assert t1.padded_step_s(0, 0, 58, 700) - t0.padded_step_s(0, 0, 58, 700) == pytest.approx(64 * 0.25e-3)

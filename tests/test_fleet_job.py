@@ -27,7 +27,7 @@ HW = HardwareConfig(**yaml.safe_load((CONFIG_DIR / "hardware" / "h200.yaml").rea
     [
         ("fleet.policies=[colocated,pd:0:2]", "fleet.policies"),
         ("fleet.routers=[fastest]", "fleet.routers"),
-        ("engine.max_batched_tokens=16", "engine.max_batched_tokens"),
+        ("engine.max_num_batched_tokens=16", "engine.max_num_batched_tokens"),
         ("workload.kind=parquet", "workload.kind"),
         ("slo.attainment=1.5", "slo.attainment"),
         ("slo.ttft_ms=null", "slo.ttft_ms"),

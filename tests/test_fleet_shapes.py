@@ -29,7 +29,7 @@ ENG = EngineConfig(
     prefill_overhead_ms=100.0,
     prefill_mfu=0.5,
     max_num_seqs=64,
-    max_batched_tokens=16384,
+    max_num_batched_tokens=16384,
     max_model_len=4096,
     cuda_graphs=True,
 )

@@ -26,7 +26,7 @@ HW = HardwareConfig(**yaml.safe_load((ROOT / "configs" / "hardware" / "h100_sxm.
 SPEC = resolve_model("llama3.1-8b")
 ENG = EngineConfig(tp=2, decode_seq_ms=0.0)  # the planner exactly (the per-row term: test_fleet_interference)
 MODEL = planner_model(SPEC, HW, ENG)
-LIMITS = EngineLimits(max_num_seqs=64, max_batched_tokens=4096, kv_blocks=400)
+LIMITS = EngineLimits(max_num_seqs=64, max_num_batched_tokens=4096, kv_blocks=400)
 
 
 def one(n_in: int, n_out: int) -> Workload:

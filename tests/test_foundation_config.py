@@ -114,6 +114,7 @@ def test_bad_input_exits_2_naming_the_key(override: str, key: str) -> None:
         ("dpo", "dpo.per_device_batch_size=2", "dpo.micro_batch_size"),
         ("dpo", "dpo.grad_accum=2", "dpo.grad_accum_steps"),
         ("plan", "plan.micro_batch=4", "plan.micro_batch_size"),
+        ("fleet", "engine.max_batched_tokens=4096", "engine.max_num_batched_tokens"),
     ],
 )
 def test_renamed_key_fails_naming_the_new_key(job: str, old: str, new: str) -> None:

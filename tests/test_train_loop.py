@@ -102,7 +102,7 @@ def test_smoke_run_directory(tmp_path: Path, data_dir: str) -> None:
         "Hyperparameters",
         "optim.beta2",
         "Batch and LR schedule",
-        "grad_accum",
+        "grad_accum_steps",
         "loss_curve.png",
         "Cost",
         "gpt2_124m",

@@ -406,10 +406,10 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         "mfu_pct": measured.get(metrics.MFU_PCT),
     }
     schedule = {
-        "micro_batch B": B,
+        "micro_batch_size B": B,
         "seq_len T": T,
         "world": info.world_size,
-        "grad_accum": grad_accum_steps,
+        "grad_accum_steps": grad_accum_steps,
         "tokens/step": tc.global_batch_tokens,
         "max_steps": tc.max_steps,
         "token budget": tc.total_tokens(),

@@ -305,6 +305,7 @@ RENAMED_KEYS: dict[str, str] = {
     "dpo.grad_accum": "dpo.grad_accum_steps",
     "plan.micro_batch": "plan.micro_batch_size",
     "train.total_batch_tokens": "train.global_batch_tokens",
+    "engine.max_batched_tokens": "engine.max_num_batched_tokens",
 }
 
 

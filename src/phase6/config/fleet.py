@@ -140,7 +140,7 @@ class EngineConfig:
     """GPUs per replica (tensor parallel)."""
     max_num_seqs: int = 256
     """Most sequences in a batch (vLLM --max-num-seqs)."""
-    max_batched_tokens: int = 8192
+    max_num_batched_tokens: int = 8192
     """Per-step token budget: decodes take 1 each, chunked prefill the rest (vLLM --max-num-batched-tokens)."""
     gpu_memory_utilization: float = 0.9
     """Fraction of HBM the engine may use; KV capacity = that minus the weights (vLLM --gpu-memory-utilization)."""
@@ -183,7 +183,7 @@ class EngineConfig:
     """Which engine's scheduling and step shapes a replica follows (phase6.fleet.engines): vllm (chunked prefill;
     a step is one forward of its decode tokens and prefill chunks) | torch-tp (phase6.serving.tp_server: whole
     prompts padded to the step's longest, decode padded to CUDA-graph (batch, KV length) buckets, decode and prefill
-    as two forwards, no prefix cache; max_num_seqs = --max-batch, max_batched_tokens = --max-prefill-tokens)."""
+    as two forwards, no prefix cache; max_num_seqs = --max-batch, max_num_batched_tokens = --max-prefill-tokens)."""
     max_model_len: int = 4096
     """torch-tp: KV positions per cache row (--max-model-len; the server's default); the KV-length buckets end here."""
     cuda_graphs: bool = False
@@ -244,10 +244,10 @@ class EngineConfig:
             require(v is None or v >= 1, f"engine.{k}", f"must be >= 1 or null, got {v}")
         require(self.max_num_seqs >= 1, "engine.max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
         require(
-            self.max_batched_tokens >= self.max_num_seqs,
-            "engine.max_batched_tokens",
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            "engine.max_num_batched_tokens",
             f"must be >= engine.max_num_seqs ({self.max_num_seqs}): each running sequence decodes one token a step, "
-            f"got {self.max_batched_tokens}",
+            f"got {self.max_num_batched_tokens}",
         )
         require(
             0 < self.gpu_memory_utilization <= 1,

@@ -77,7 +77,11 @@ def run_bench(requests: int, scenarios: list[str], engines: list[str]) -> list[d
     eng = EngineConfig(tp=4)
     model = planner_model(spec, hw, eng)
     limits = EngineLimits(
-        eng.max_num_seqs, eng.max_batched_tokens, kv_capacity_blocks(spec, hw, eng), True, eng.kv_alloc == "incremental"
+        eng.max_num_seqs,
+        eng.max_num_batched_tokens,
+        kv_capacity_blocks(spec, hw, eng),
+        True,
+        eng.kv_alloc == "incremental",
     )
     rows = []
     for sc in scenarios:

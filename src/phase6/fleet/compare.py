@@ -231,7 +231,7 @@ def check_serve_bench(path: str | Path, cfg: FleetRunConfig) -> None:
 
 
 def engine_limits(run: MeasuredRun, engine: EngineConfig) -> tuple[int, int, str]:
-    """(max_num_seqs, max_batched_tokens, where they came from) of the measured server.
+    """(max_num_seqs, max_num_batched_tokens, where they came from) of the measured server.
 
     Recorded ``serve.engine_args`` win; a torch-tp server without them ran with its own defaults (ServerArgs);
     any other engine gets the fleet's ``engine.*`` values, and the table says so.
@@ -239,8 +239,8 @@ def engine_limits(run: MeasuredRun, engine: EngineConfig) -> tuple[int, int, str
     serve = run.config.get("serve") or {}
     name = str(serve.get("engine") or run.row.get("engine") or "")
     args = serve.get("engine_args") or {}
-    seqs, budget = engine.max_num_seqs, engine.max_batched_tokens
-    src = [f"engine.max_num_seqs={seqs}", f"engine.max_batched_tokens={budget}"]
+    seqs, budget = engine.max_num_seqs, engine.max_num_batched_tokens
+    src = [f"engine.max_num_seqs={seqs}", f"engine.max_num_batched_tokens={budget}"]
     if name in ENGINE_LIMIT_ARGS:
         defaults: dict[str, Any] = {}  # ServerArgs' defaults are what ran when no arg was given
         if name == "torch-tp" and any(k not in args for k in ENGINE_LIMIT_ARGS[name]):
@@ -352,7 +352,7 @@ def fit_prefill(
     when the data asks for more).
     """
     ttft_s = run.ttft_ms / 1e3
-    budget = limits.max_batched_tokens
+    budget = limits.max_num_batched_tokens
     lengths = [int(p) for p in run.input_tokens]
     per_request = per_request_intercept(engine)
 
@@ -466,7 +466,13 @@ def replica_config(
     seqs, budget, limits_src = engine_limits(run, cfg.engine)
     prof, prof_desc = engine_profile(run, profile)
     engine = dataclasses.replace(
-        cfg.engine, tp=tp, step_time="planner", table_path=None, max_num_seqs=seqs, max_batched_tokens=budget, **prof
+        cfg.engine,
+        tp=tp,
+        step_time="planner",
+        table_path=None,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=budget,
+        **prof,
     )
     limits = EngineLimits(seqs, budget, kv_capacity_blocks(setup.spec, cfg.hardware, engine))  # this TP's KV
     return engine, limits, limits_src, prof_desc

@@ -129,7 +129,7 @@ def _hw(name: str) -> HardwareConfig:
 def setup_for(spec: ModelSpec, hw: HardwareConfig, eng: EngineConfig, seed: int = 0) -> FleetSetup:
     limits = EngineLimits(
         eng.max_num_seqs,
-        eng.max_batched_tokens,
+        eng.max_num_batched_tokens,
         kv_capacity_blocks(spec, hw, eng),
         eng.chunked_prefill,
         eng.kv_alloc == "incremental",
@@ -160,7 +160,7 @@ def mooncake_tbt(shared: Path, n: int, log: Callable[[str], None]) -> list[Claim
     w = load_mooncake(shared / "mooncake-traces" / "synthetic_trace.jsonl", n)
     w, _ = w.filtered(32_000)
     base = EngineConfig(tp=8, max_num_seqs=256)
-    vllm = setup_for(spec, hw, replace(base, chunked_prefill=False, max_batched_tokens=32_000))
+    vllm = setup_for(spec, hw, replace(base, chunked_prefill=False, max_num_batched_tokens=32_000))
     moon = setup_for(spec, hw, replace(base, host_kv_gib=HOST_GIB, host_tier="global"))
     out = []
     for tbt, pub in ((100.0, 5.98), (200.0, 2.57), (300.0, 1.59)):
@@ -302,7 +302,7 @@ DISTSERVE = {
     "chatbot": (2.5, 0.15, 2.75, "2.0-4.6x (OPT-66B: 2.75x)"),
 }
 DISTSERVE_VLLM = EngineConfig(
-    tp=4, max_num_seqs=1024, max_batched_tokens=16384, gpu_memory_utilization=0.95, chunked_prefill=False
+    tp=4, max_num_seqs=1024, max_num_batched_tokens=16384, gpu_memory_utilization=0.95, chunked_prefill=False
 )
 """DistServe's vLLM baseline for OPT-66B (evaluation/2-benchmark-serving/2-start-api-server.py): one TP4 instance,
 --max-num-batched-tokens 16384, --max-num-seqs 1024, --gpu-memory-utilization 0.95; vLLM 0.2's scheduler (whole
@@ -319,7 +319,7 @@ def distserve_run(w: Workload, spec: ModelSpec, hw: HardwareConfig, system: str)
     v = DISTSERVE_VLLM
     kv4 = kv_capacity_blocks(spec, hw, v)
     if system == "vllm":
-        lim = EngineLimits(v.max_num_seqs, v.max_batched_tokens, kv4, v.chunked_prefill, True)
+        lim = EngineLimits(v.max_num_seqs, v.max_num_batched_tokens, kv4, v.chunked_prefill, True)
         return simulate(w, ProfileStepTime("vllm", 4), lim, Topology(colocated=1), "least_loaded", tp=4, engine="heapq")
     pre = EngineLimits(128, 8192, kv4, False, False)
     # its KV in 16-token blocks (--block-size 16), allocated as tokens are written, swapped out when full
@@ -452,7 +452,7 @@ SPLITWISE_TOKEN_BY_TOKENS = {
     "h100_sxm": [(128, 29.87), (256, 28.27), (512, 30.56), (1024, 29.97), (2048, 31.63), (4096, 31.33),
                  (8192, 32.59), (16384, 38.62), (32768, 50.16)],
 }  # fmt: skip
-SPLITWISE_ENGINE = EngineConfig(tp=8, max_num_seqs=512, max_batched_tokens=2048, chunked_prefill=False)
+SPLITWISE_ENGINE = EngineConfig(tp=8, max_num_seqs=512, max_num_batched_tokens=2048, chunked_prefill=False)
 """Splitwise's instances, TP8 per DGX (splitwise-sim configs/start_state/splitwise.yaml, prompt and token alike):
 max_batch_size 512, max_batch_tokens 2048, whole prompts (its performance model "assumes that prompts are always
 processed fully"): a prompt batch adds prompts FCFS while their tokens fit 2048, the first always (instance.py

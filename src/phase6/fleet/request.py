@@ -55,7 +55,7 @@ class EngineLimits:
     """What the simulator needs of a serving engine besides step times."""
 
     max_num_seqs: int
-    max_batched_tokens: int
+    max_num_batched_tokens: int
     kv_blocks: int
     """KV capacity per replica, 512-token blocks."""
     chunked_prefill: bool = True

@@ -85,7 +85,7 @@ def build_setup(cfg: FleetRunConfig) -> FleetSetup:
     eng = cfg.engine
     limits = EngineLimits(
         eng.max_num_seqs,
-        eng.max_batched_tokens,
+        eng.max_num_batched_tokens,
         kv_capacity_blocks(spec, cfg.hardware, eng),
         eng.chunked_prefill,
         eng.kv_alloc == "incremental",
@@ -219,7 +219,7 @@ def capacity_guess(setup: FleetSetup, replicas: int, inp: int, out: int) -> floa
     m = setup.model.base if isinstance(setup.model, TorchTPStepTime) else setup.model  # unpadded: a first guess
     batch = max(1, min(lim.max_num_seqs, lim.kv_blocks // -(-(inp + out) // 512)))
     decode = batch / (out * m.decode_run_s(batch, batch * (inp + out // 2), 1))
-    per_step = max(1, lim.max_batched_tokens // inp)  # prompts one prefill step holds
+    per_step = max(1, lim.max_num_batched_tokens // inp)  # prompts one prefill step holds
     prefill = per_step / m.step_s(per_step * inp, per_step * inp * (inp + 1) / 2, 0, 0)
     return replicas * min(decode, prefill)
 

@@ -74,7 +74,7 @@ def pd_pools(setup: FleetSetup) -> tuple[tuple[Any, EngineLimits, int], tuple[An
             continue
         lim = EngineLimits(
             eng.max_num_seqs,
-            eng.max_batched_tokens,
+            eng.max_num_batched_tokens,
             kv_capacity_blocks(setup.spec, setup.hardware, eng, tp),
             eng.chunked_prefill,
         )

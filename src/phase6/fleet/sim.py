@@ -7,7 +7,7 @@ insertion, so both give identical results):
   KV transfer    (PD) a prompt's KV arrived at the decode replica
 
 A replica step (vLLM V1 scheduling): every running decode sequence contributes one token; the rest of the
-``max_batched_tokens`` budget goes to prefill chunks of admitted requests in arrival order (chunked prefill), then to
+``max_num_batched_tokens`` budget goes to prefill chunks of admitted requests in arrival order (chunked prefill), then to
 new admissions: a waiting request is admitted (FCFS, head-of-line) only while the step has budget left, fewer than
 ``max_num_seqs`` sequences run and its KV blocks (prompt + output, 512 tokens each, minus cached prefix blocks) fit,
 evicting LRU prefix blocks if needed; KV is reserved for the whole output at admission (no preemption). The step that completes a prompt produces
@@ -21,7 +21,7 @@ middle cuts the run at the first step boundary after it. This keeps the event co
 
 Engine profile torch-tp (the model is a :class:`phase6.fleet.engines.TorchTPStepTime`): the replica follows
 phase6.serving.tp_server instead -- whole prompts admitted FCFS while rows are free and (prompts) x (longest prompt)
-fits ``max_batched_tokens`` (= --max-prefill-tokens), each step a decode forward of the running rows at their
+fits ``max_num_batched_tokens`` (= --max-prefill-tokens), each step a decode forward of the running rows at their
 padded (batch, KV length) shape then a prefill forward of the admitted prompts padded to the longest, no prefix
 cache. Decode-only runs work the same way, with the longest running context in place of the context sum.
 
@@ -72,7 +72,7 @@ class Replica:
     ) -> None:
         self.rid, self.role, self.sim = rid, role, sim
         self.model = sim.model if model is None else model  # PD pools may run different TP (step models)
-        self.max_seqs, self.budget = limits.max_num_seqs, limits.max_batched_tokens
+        self.max_seqs, self.budget = limits.max_num_seqs, limits.max_num_batched_tokens
         self.chunked = limits.chunked_prefill
         self.cache = PrefixCache(limits.kv_blocks, host)
         self.grows = limits.incremental_kv and role == "colocated" and not sim.padded  # KV grows per token
@@ -444,14 +444,14 @@ class Simulation:
                     f"fleet.policies: {topology.name} needs KV transfer between replicas; engine.profile=torch-tp "
                     "(phase6.serving.tp_server) has none: use colocated"
                 )
-            if (tt.max_batch, tt.max_prefill_tokens) != (limits.max_num_seqs, limits.max_batched_tokens):
+            if (tt.max_batch, tt.max_prefill_tokens) != (limits.max_num_seqs, limits.max_num_batched_tokens):
                 raise ValueError(
                     f"torch-tp: step model built for --max-batch {tt.max_batch} / --max-prefill-tokens "
-                    f"{tt.max_prefill_tokens}, limits say {limits.max_num_seqs} / {limits.max_batched_tokens}"
+                    f"{tt.max_prefill_tokens}, limits say {limits.max_num_seqs} / {limits.max_num_batched_tokens}"
                 )
-        elif limits.max_batched_tokens < limits.max_num_seqs:
+        elif limits.max_num_batched_tokens < limits.max_num_seqs:
             raise ValueError(
-                f"engine.max_batched_tokens ({limits.max_batched_tokens}) must be >= engine.max_num_seqs "
+                f"engine.max_num_batched_tokens ({limits.max_num_batched_tokens}) must be >= engine.max_num_seqs "
                 f"({limits.max_num_seqs}): every running sequence needs its decode token each step"
             )
         if topology.is_pd and kv_transfer_s is None:

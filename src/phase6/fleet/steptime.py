@@ -183,7 +183,7 @@ def torch_tp_engine(engine: EngineConfig) -> TorchTPEngine | None:
     """The torch-tp server flags of ``engine`` (profile torch-tp), else None."""
     if engine.profile != "torch-tp":
         return None
-    return TorchTPEngine(engine.max_num_seqs, engine.max_batched_tokens, engine.max_model_len, engine.cuda_graphs)
+    return TorchTPEngine(engine.max_num_seqs, engine.max_num_batched_tokens, engine.max_model_len, engine.cuda_graphs)
 
 
 def build_step_model(
