@@ -6,21 +6,21 @@ markdown table and writes it as JSON (--out).
     phase6 bench pretrain --out bench.json         # the default run: one H200, ~7 min including every compile
     phase6 bench pretrain --rows baseline,levers --levers cudnn,liger            # trim the run
     phase6 bench pretrain --rows multi --combine cudnn,autotune                  # the 2-GPU rows for a chosen config
-    phase6 bench pretrain --device cpu --preset gpt2_tiny --seq-len 32 --batch-size 2 --accum 2 --levers flash,tf32
+    phase6 bench pretrain --device cpu --preset gpt2_tiny --seq-len 32 --micro-batch-size 2 --grad-accum-steps 2 --levers flash,tf32
                                                                                  # the code path on CPU (no compile)
 
 Rows, in run order (`--rows` picks among baseline, hf, levers, combined, accum, multi, muon; muon is not a default):
-  baseline  ours, default torch.compile, SDPA auto, B=--batch-size (64), one micro-step per optimizer step
+  baseline  ours, default torch.compile, SDPA auto, B=--micro-batch-size (64), one micro-step per optimizer step
   hf        HF GPT2LMHeadModel (attn_implementation=sdpa, vocab 50257 as shipped), compiled, B=--hf-batch-size (32)
   levers    ours + each lever of --levers alone, at the baseline shape (table below)
   combined  ours + every lever that beat the baseline by >= --min-gain-pct, at the baseline shape. Incompatible
             winners are resolved in favour of the faster one: one SDPA backend; fullgraph is dropped next to liger.
             `--combine a,b` names the levers instead.
-  accum     the combined config at B x --accum micro-steps (64 x 8 x 1024 = 524,288 tokens: the training step)
-  multi     the combined config under torchrun on 2 GPUs, DDP and FSDP2, B x --accum per GPU. Scaling efficiency is
+  accum     the combined config at B x --grad-accum-steps micro-steps (64 x 8 x 1024 = 524,288 tokens: the training step)
+  multi     the combined config under torchrun on 2 GPUs, DDP and FSDP2, B x --grad-accum-steps per GPU. Scaling efficiency is
             2-GPU tokens/s / (2 x the accum row).
   muon      the combined config with optim=muon (torch.optim.Muon on the hidden matrices + fused AdamW), at B x 1
-            and B x --accum: the Newton-Schulz cost against the AdamW rows of the same shapes (baseline / accum).
+            and B x --grad-accum-steps: the Newton-Schulz cost against the AdamW rows of the same shapes (baseline / accum).
 A lever is a set of config overrides that projects/6a_pretrain/train.py honours too (the `overrides` line printed
 at the end is the combined config, ready for `phase6 pretrain ...`).
 
@@ -148,8 +148,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--preset", default="gpt2_124m", help="model preset in configs/pretrain/model/")
     p.add_argument("--hardware", default="h200", help="peak FLOP/s source in configs/hardware/")
     p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=64, help="micro-batch of our rows (and per GPU in multi)")
-    p.add_argument("--accum", type=int, default=8, help="micro-steps per optimizer step of the accum / multi rows")
+    # named as the config keys (train.micro_batch_size, grad_accum_steps); the old spellings stay accepted
+    p.add_argument(
+        "--micro-batch-size",
+        "--batch-size",
+        dest="batch_size",
+        type=int,
+        default=64,
+        help="micro-batch of our rows (and per GPU in multi)",
+    )
+    p.add_argument(
+        "--grad-accum-steps",
+        "--accum",
+        dest="accum",
+        type=int,
+        default=8,
+        help="micro-steps per optimizer step of the accum / multi rows",
+    )
     p.add_argument("--hf-batch-size", type=int, default=32, help="micro-batch of the HF GPT2LMHeadModel row")
     p.add_argument("--rows", default=",".join(DEFAULT_ROWS), help=f"comma list of: {', '.join(ROWS)}")
     p.add_argument("--levers", default=DEFAULT_LEVERS, help=f"comma list of: {', '.join(LEVERS)}")
@@ -195,7 +210,7 @@ def run_child(
     child = [
         "-m", "phase6.bench.pretrain",
         "--preset", args.preset, "--hardware", args.hardware, "--seq-len", str(args.seq_len),
-        "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
+        "--micro-batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
         "--device", args.device, "--worker", worker, "--worker-levers", ",".join(levers),
         "--worker-accums", ",".join(map(str, accums)), "--worker-label", label, "--profile", str(args.profile),
     ] + (["--no-compile"] if args.no_compile else [])  # fmt: skip
