@@ -16,16 +16,26 @@ from phase6.config import CONFIG_DIR
 REPO = CONFIG_DIR.parent
 
 
-def phase6(*args: str, timeout: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+def offline_env(**extra: str) -> dict[str, str]:
+    """This process's environment, offline (hub, datasets, W&B), plus ``extra``."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline", **extra}
+
+
+def phase6(*args: str, timeout: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m phase6 <args>` from the repo root, in ``env`` (default: :func:`offline_env`)."""
     return subprocess.run(
-        [sys.executable, "-m", "phase6", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
+        [sys.executable, "-m", "phase6", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=env or offline_env(),
     )
 
 
-def run_smoke(job: str, run_dir: Path, *overrides: str, timeout: int) -> None:
+def run_smoke(job: str, run_dir: Path, *overrides: str, timeout: int, env: dict[str, str] | None = None) -> None:
     """`phase6 <job> experiment=smoke <overrides> run.dir=<run_dir>` succeeds and names its run dir last."""
-    proc = phase6(job, "experiment=smoke", *overrides, f"run.dir={run_dir}", timeout=timeout)
+    proc = phase6(job, "experiment=smoke", *overrides, f"run.dir={run_dir}", timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == f"run dir: {run_dir}"
 

@@ -4,13 +4,13 @@ test_fleet_compare.py)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from runrecord_checks import run_smoke
 
 from phase6.config import CONFIG_DIR, HardwareConfig
 from phase6.config.fleet import EngineConfig, FleetRunConfig
@@ -51,17 +51,7 @@ def test_shipped_experiments_compose() -> None:
 
 def test_smoke_run_record(tmp_path: Path) -> None:
     run_dir = tmp_path / "smoke"
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "phase6", "fleet", "experiment=smoke", f"run.dir={run_dir}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == f"run dir: {run_dir}"
+    run_smoke("fleet", run_dir, timeout=300)
     res = json.loads((run_dir / "results.json").read_text())
     rows = res["rows"]
     assert len(rows) == 2 * 4 * 2  # policies x routers x rates

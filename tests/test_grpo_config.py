@@ -66,21 +66,13 @@ def test_tiny_model_heads_fit_the_engine() -> None:
 
 def test_engine_vllm_without_a_vllm_environment_is_one_line(tmp_path: Path) -> None:
     """From a Python without vLLM and a vLLM env that is not there: exit 2, one line, no run directory."""
-    import os
-    import subprocess
-    import sys
+    from runrecord_checks import offline_env, phase6
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is importable here: the job would run")
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PHASE6_VLLM_PYTHON": str(tmp_path / "missing" / "python"), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "phase6", "grpo", "experiment=smoke", "engine=vllm", f"run.dir={run_dir}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    env = offline_env(PHASE6_VLLM_PYTHON=str(tmp_path / "missing" / "python"))
+    proc = phase6("grpo", "experiment=smoke", "engine=vllm", f"run.dir={run_dir}", timeout=120, env=env)
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("phase6: error: engine=vllm:") and "does not exist" in line

@@ -18,12 +18,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from runrecord_checks import assert_run_files, read_jsonl, read_results
+from runrecord_checks import assert_run_files, offline_env, phase6, read_jsonl, read_results, run_smoke
 
 from phase6.serving.vllm_env import skip_reason, vllm_python
 
@@ -34,7 +33,7 @@ pytestmark = pytest.mark.skipif(VLLM_PY is None, reason=skip_reason())
 
 
 def vllm_env() -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env = offline_env(PHASE6_VLLM_PYTHON=str(VLLM_PY))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return env
@@ -83,18 +82,7 @@ def test_stale_snapshot_reaches_the_engine(checks: dict[str, Any]) -> None:
 
 def test_grpo_smoke_on_vllm(tmp_path: Path) -> None:
     run_dir = tmp_path / "smoke_vllm"
-    env = vllm_env()
-    env["PHASE6_VLLM_PYTHON"] = str(VLLM_PY)
-    proc = subprocess.run(
-        [sys.executable, "-m", "phase6", "grpo", "experiment=smoke", "engine=vllm", f"run.dir={run_dir}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.strip().splitlines()[-1] == f"run dir: {run_dir}"
+    run_smoke("grpo", run_dir, "engine=vllm", timeout=600, env=vllm_env())
     assert_run_files(run_dir, "steps.jsonl", "versions.jsonl", "plots/step_breakdown.png")
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     per_step = [m for m in metrics if "rollout/logp_mismatch_max" in m]
@@ -116,17 +104,10 @@ def test_grpo_smoke_on_vllm(tmp_path: Path) -> None:
 def test_unknown_vllm_argument_fails_before_the_run(tmp_path: Path) -> None:
     """engine.vllm keys are vLLM's own LLM/EngineArgs names, checked by vLLM's dataclass before anything starts."""
     run_dir = tmp_path / "bad"
-    env = vllm_env()
-    env["PHASE6_VLLM_PYTHON"] = str(VLLM_PY)
-    proc = subprocess.run(
-        [sys.executable, "-m", "phase6", "grpo", "experiment=smoke", "engine=vllm", "+engine.vllm.max_model_length=64"]
-        + [f"run.dir={run_dir}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=REPO,
-    )
+    proc = phase6(
+        "grpo", "experiment=smoke", "engine=vllm", "+engine.vllm.max_model_length=64", f"run.dir={run_dir}",
+        timeout=300, env=vllm_env(),
+    )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "phase6: error: engine.vllm.max_model_length: not a vLLM engine argument" in proc.stderr
     assert not run_dir.exists()
