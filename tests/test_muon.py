@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train_components import take_step, tiny_model  # the same tiny GPT and optimizer step as AdamW's tests
 
 from phase6.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from phase6.config.pretrain import ModelConfig, OptimConfig, ParallelConfig, PretrainRunConfig
@@ -25,11 +26,6 @@ from phase6.optim import MuonAdamW, build_optimizer, build_scheduler, hidden_mat
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 UPDATE_RTOL = 0.03  # ||dW_torch - dW_ref|| / ||dW_ref||: bf16 Newton-Schulz against float64 (measured 0.011-0.013)
-
-
-def tiny_model(seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
 
 
 def muon_cfg(**kw: object) -> OptimConfig:
@@ -154,17 +150,6 @@ def test_one_schedule_scales_both_peak_lrs() -> None:
     factors = [0.5, 1.0, 1.0, 1.0, 0.5, 0.0]
     for (m, a, a1), f in zip(seen, factors, strict=True):
         assert m == pytest.approx(0.04 * f) and a == pytest.approx(2e-3 * f) and a1 == a
-
-
-def take_step(model: GPT, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, seed: int) -> float:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, 64, (2, 16), generator=g)
-    loss = model(x, x.roll(-1, 1))
-    loss.backward()
-    opt.step()
-    sched.step()
-    opt.zero_grad()
-    return loss.item()
 
 
 def test_checkpoint_round_trip_keeps_muon_state(tmp_path: Path) -> None:
