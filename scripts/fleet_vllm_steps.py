@@ -3,9 +3,8 @@
     python scripts/fleet_vllm_steps.py <vLLM sweep dir> <model dir or config.json> [hardware]
 
 vLLM streams every running request's token at the end of each engine step, so the client's chunk times cluster by
-step (within 2 ms; ``phase6.fleet.steps`` does the same for torch-tp): a cluster is one step, the gap from the
-previous cluster its duration, the first tokens in it the prompts it finished and the other chunks its decode rows
-(request at token j: context prompt + j). Three checks, each against the planner roofline with no step overhead:
+step (within 2 ms), as on phase6's torch-tp server: ``phase6.fleet.steps.run_steps`` recovers the steps (duration,
+prompts finished, decode rows and their context). Three checks, each against the planner roofline with no step overhead:
 
 1. decode-only steps (no first token in the cluster or its neighbours) per decode-row count: measured p50, roofline
    p50 and their difference; the per-row cost (``engine.decode_seq_ms``) is the least-squares slope of those
@@ -34,35 +33,11 @@ from phase6.config.fleet import EngineConfig, FleetRunConfig
 from phase6.fleet import compare as cmp
 from phase6.fleet.run import build_setup
 from phase6.fleet.sim import SimResult
+from phase6.fleet.steps import run_steps
 from phase6.fleet.steptime import planner_model, prefill_pairs
+from phase6.fleet.tokens import request_gaps
 
-TOL_S = 0.002
 ITL_Q = (25, 50, 75, 90, 99)
-
-
-def clusters(run_dir: Path) -> list[dict]:
-    """The run's steps: end time, duration (ms), prompts whose first token it emitted, decode rows, context sum."""
-    ev = []
-    for line in (run_dir / "requests.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r.get("ok") and r.get("chunk_times_s"):
-            ev += [(r["send_s"] + t, j, r["prompt_tokens"]) for j, t in enumerate(r["chunk_times_s"])]
-    ev.sort()
-    out: list[dict] = []
-    last = -np.inf
-    for t, j, p in ev:
-        if t - last > TOL_S:
-            out.append({"t": t, "prompts": [], "rows": 0, "ctx": 0})
-        s = out[-1]
-        if j == 0:
-            s["prompts"].append(p)
-        else:
-            s["rows"] += 1
-            s["ctx"] += p + j
-        last = t
-    for a, b in zip(out, out[1:], strict=False):
-        b["dur"] = 1e3 * (b["t"] - a["t"])
-    return out[1:]
 
 
 def measured_itl_ms(run_dir: Path) -> np.ndarray:
@@ -75,27 +50,10 @@ def measured_itl_ms(run_dir: Path) -> np.ndarray:
 
 
 def sim_itl_ms(res: SimResult) -> np.ndarray:
-    """Every token gap of a one-replica replay: the gap to token 2, then each logged decode event's steps."""
+    """Every token gap of a one-replica replay (``phase6.fleet.tokens``: from the replica's decode-step log)."""
     (log,) = res.logs.values()
-    start, end, k = np.asarray(log.start), np.asarray(log.end), np.asarray(log.k)
-    prev_end = np.concatenate([[np.nan], end[:-1]])
-    step = (end - start) / k
-    gaps = []
-    for i in range(len(res.arrival_s)):
-        f, j, fin = res.first_token_s[i], res.join_s[i], res.finish_s[i]
-        if not np.isfinite(j) or fin <= f:
-            continue
-        sel = (start >= j - 1e-12) & (end <= fin + 1e-12)
-        idx = np.flatnonzero(sel)
-        if not len(idx):
-            continue
-        first = start[idx[0]] + step[idx[0]] - f  # to token 2: the end of its first decode step
-        g = [first, *np.repeat(step[idx[0]], k[idx[0]] - 1)]
-        for e in idx[1:]:
-            lead = max(0.0, start[e] - prev_end[e]) if np.isfinite(prev_end[e]) else 0.0
-            g += [step[e] + lead, *np.repeat(step[e], k[e] - 1)]
-        gaps.append(np.asarray(g))
-    return 1e3 * np.concatenate(gaps)
+    times = zip(res.first_token_s, res.join_s, res.finish_s, strict=True)
+    return 1e3 * np.concatenate([request_gaps(log, f, j, fin) for f, j, fin in times if np.isfinite(j) and fin > f])
 
 
 def main(sweep: str, model: str, hardware: str = "h200") -> None:
@@ -116,17 +74,15 @@ def main(sweep: str, model: str, hardware: str = "h200") -> None:
     m0 = planner_model(setup.spec, hw, bare)
     pts = []
     for run in runs:
-        cl = clusters(run.run_dir)
+        cl = run_steps(run.run_dir)[1:]  # the first step has no duration
         c = run.concurrency
         sel = [
             s
             for i, s in enumerate(cl)
-            if 0 < i < len(cl) - 1
-            and s["rows"] == c
-            and not (s["prompts"] or cl[i - 1]["prompts"] or cl[i + 1]["prompts"])
+            if 0 < i < len(cl) - 1 and s.decode_rows == c and not (s.prompts or cl[i - 1].prompts or cl[i + 1].prompts)
         ]
-        meas = np.array([s["dur"] for s in sel])
-        model = np.array([1e3 * m0.step_s(0, 0, s["rows"], s["ctx"]) for s in sel])
+        meas = np.array([1e3 * s.duration_s for s in sel])
+        model = np.array([1e3 * m0.step_s(0, 0, s.decode_rows, s.decode_ctx) for s in sel])
         d = float(np.median(meas - model))
         pts.append((c, d))
         print(f"| {c} | {c} | {len(sel)} | {np.median(meas):.2f} | {np.median(model):.2f} | {d:+.2f} |")
@@ -138,19 +94,19 @@ def main(sweep: str, model: str, hardware: str = "h200") -> None:
     print("| C | prefills | measured mean | serial mean (error) | overlap mean (error) |\n|---|---|---|---|---|")
     models = {k: planner_model(setup.spec, hw, dataclasses.replace(fit, mixed_step=k)) for k in ("serial", "overlap")}
     for run in runs[1:]:
-        cl = clusters(run.run_dir)
+        cl = run_steps(run.run_dir)[1:]  # the first step has no duration
         meas, pred = [], {k: [] for k in models}
         for i in range(2, len(cl) - 1):
             s, pv = cl[i], cl[i - 1]
-            if len(s["prompts"]) != 1 or pv["prompts"] or cl[i - 2]["prompts"] or cl[i + 1]["prompts"]:
+            if len(s.prompts) != 1 or pv.prompts or cl[i - 2].prompts or cl[i + 1].prompts:
                 continue
-            if not (s["rows"] and pv["rows"]):
+            if not (s.decode_rows and pv.decode_rows):
                 continue
-            p = s["prompts"][0]
-            meas.append(s["dur"] + pv["dur"])
+            p = s.prompts[0]
+            meas.append(1e3 * (s.duration_s + pv.duration_s))
             for k, m in models.items():
-                mixed = m.step_s(p, prefill_pairs(0, p), pv["rows"], pv["ctx"])
-                pred[k].append(1e3 * (mixed + m.step_s(0, 0, s["rows"], s["ctx"])))
+                mixed = m.step_s(p, prefill_pairs(0, p), pv.decode_rows, pv.decode_ctx)
+                pred[k].append(1e3 * (mixed + m.step_s(0, 0, s.decode_rows, s.decode_ctx)))
         mm = float(np.mean(meas))
         cells = " | ".join(f"{np.mean(v):.2f} ({100 * (np.mean(v) / mm - 1):+.1f} %)" for v in pred.values())
         print(f"| {run.concurrency} | {len(meas)} | {mm:.2f} | {cells} |")

@@ -444,7 +444,7 @@ def test_predictions_equal_the_later_comparison(tmp_path: Path) -> None:
 
 
 def test_vllm_steps_script_reads_steps_and_token_gaps(tmp_path: Path) -> None:
-    """scripts/fleet_vllm_steps.py: chunks within 2 ms are one step (first tokens = its prompts, the rest its decode
+    """scripts/fleet_vllm_steps.py through phase6.fleet.steps / tokens: chunks within 2 ms are one step (first tokens = its prompts, the rest its decode
     rows at context prompt + token index); the simulated per-token gaps of a replay add up, request by request, to
     E2E - TTFT (every token gap counted once)."""
     import importlib.util
@@ -460,14 +460,14 @@ def test_vllm_steps_script_reads_steps_and_token_gaps(tmp_path: Path) -> None:
         {"index": 1, "ok": True, "send_s": 0.105, "prompt_tokens": 700, "chunk_times_s": [0.0451, 0.055]},
     ]
     (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    steps = mod.clusters(run)
-    assert [(s["prompts"], s["rows"], s["ctx"]) for s in steps] == [
+    steps = mod.run_steps(run)[1:]  # as the script reads them (phase6.fleet.steps), the first has no duration
+    assert [(s.prompts, s.decode_rows, s.decode_ctx) for s in steps] == [
         ([], 1, 501),
         ([], 1, 502),
         ([700], 1, 503),
         ([], 1, 701),
     ]
-    assert [round(s["dur"], 3) for s in steps] == [10.0, 10.0, 40.1, 9.9]
+    assert [round(1e3 * s.duration_s, 3) for s in steps] == [10.0, 10.0, 40.1, 9.9]
     assert sorted(np.round(mod.measured_itl_ms(run), 3).tolist()) == [9.9, 10.0, 10.0, 40.5]
     sweep, cfg, setup, _ = planted_sweep(tmp_path, profile={}, planted=PLANTED_VLLM)
     c64 = load_serve_bench(sweep)[0][2]

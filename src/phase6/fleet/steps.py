@@ -35,12 +35,14 @@ class Step:
     prompts: list[int]
     """Prompt tokens of the requests whose first token this step emitted."""
     decode_rows: int
+    decode_ctx: int = 0
+    """Context the decode rows read: the sum over them of prompt + tokens emitted before this one."""
 
 
 def run_steps(run_dir: str | Path, tol_s: float = TOL_S) -> list[Step]:
     """The steps of one run, in time order (absolute times = each request's send_s + its chunk times)."""
     path = Path(run_dir) / "requests.jsonl"
-    ev: list[tuple[float, bool, int]] = []
+    ev: list[tuple[float, int, int]] = []
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
@@ -49,21 +51,22 @@ def run_steps(run_dir: str | Path, tol_s: float = TOL_S) -> list[Step]:
             continue
         t0 = float(r["send_s"])
         for j, t in enumerate(r["chunk_times_s"]):
-            ev.append((t0 + float(t), j == 0, int(r["prompt_tokens"])))
+            ev.append((t0 + float(t), j, int(r["prompt_tokens"])))
     ev.sort()
     steps: list[Step] = []
     last = -np.inf
     prev_end = float("nan")
-    for t, first, p in ev:
+    for t, j, p in ev:
         if t - last > tol_s:
             if steps:
                 prev_end = steps[-1].end_s
             steps.append(Step(t, t - prev_end, [], 0))
         s = steps[-1]
-        if first:
+        if j == 0:
             s.prompts.append(p)
         else:
             s.decode_rows += 1
+            s.decode_ctx += p + j
         last = t
     return steps
 

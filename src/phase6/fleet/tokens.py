@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -48,6 +48,44 @@ class StepLog:
         return len(self.k)
 
 
+class _Events(NamedTuple):
+    """A replica's decode events as arrays: start, end, steps k, step time d = (end - start) / k, and g1 = the first
+    step of each event including any pause since the previous event ended."""
+
+    start: np.ndarray
+    end: np.ndarray
+    k: np.ndarray
+    d: np.ndarray
+    g1: np.ndarray
+
+
+def _events(log: StepLog) -> _Events:
+    s = np.frombuffer(log.start, dtype=np.float64)
+    e = np.frombuffer(log.end, dtype=np.float64)
+    k = np.frombuffer(log.k, dtype=np.int64)
+    d = (e - s) / k
+    prev_end = np.concatenate(([s[0]], e[:-1]))
+    return _Events(s, e, k, d, s + d - prev_end)
+
+
+def _gaps(ev: _Events, first: float, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct token gaps of a request in events a..b-1 (from its first token at ``first``) and how many gaps
+    each value stands for: token 2, each later event's first step, the k - 1 equal steps of every event."""
+    vals = np.concatenate(([ev.start[a] + ev.d[a] - first], ev.g1[a + 1 : b], ev.d[a:b]))
+    wts = np.concatenate(([1], np.ones(b - a - 1, dtype=np.int64), ev.k[a:b] - 1))
+    return vals, wts
+
+
+def request_gaps(log: StepLog, first: float, join: float, finish: float) -> np.ndarray:
+    """Every token gap (seconds, output tokens - 1 of them, not in time order) of a request that decoded on ``log``'s
+    replica from ``join`` to ``finish`` after its first token at ``first``."""
+    ev = _events(log)
+    a = int(np.searchsorted(ev.start, join, "left"))
+    b = int(np.searchsorted(ev.end, finish, "right"))
+    vals, wts = _gaps(ev, first, a, b)
+    return np.repeat(vals, wts)
+
+
 def gap_stats(
     logs: dict[int, StepLog],
     replica: np.ndarray,
@@ -65,17 +103,11 @@ def gap_stats(
         idx = np.flatnonzero((replica == rid) & (output_tokens > 1))
         if not len(idx) or not len(log):
             continue
-        s = np.frombuffer(log.start, dtype=np.float64)
-        e = np.frombuffer(log.end, dtype=np.float64)
-        k = np.frombuffer(log.k, dtype=np.int64)
-        d = (e - s) / k
-        prev_end = np.concatenate(([s[0]], e[:-1]))
-        g1 = s + d - prev_end  # first step of each event, including any pause since the previous event
-        a_all = np.searchsorted(s, join[idx], side="left")
-        b_all = np.searchsorted(e, finish[idx], side="right")
+        ev = _events(log)
+        a_all = np.searchsorted(ev.start, join[idx], side="left")
+        b_all = np.searchsorted(ev.end, finish[idx], side="right")
         for i, a, b in zip(idx, a_all, b_all, strict=True):
-            vals = np.concatenate(([s[a] + d[a] - first[i]], g1[a + 1 : b], d[a:b]))
-            wts = np.concatenate(([1], np.ones(b - a - 1, dtype=np.int64), k[a:b] - 1))
+            vals, wts = _gaps(ev, first[i], a, b)
             m = int(output_tokens[i]) - 1
             order = np.argsort(-vals, kind="stable")
             v, w = vals[order], wts[order]
