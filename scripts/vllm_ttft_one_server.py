@@ -14,23 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 
+from phase6.serving.telemetry import parse_exposition
+
 RUNS = ["p6_a", "vb_a", "p6nc_a", "vb_b", "p6_b", "p6nc_b"]
-LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
 def prom(path: Path) -> dict[str, float]:
-    """Sum of every sample of each metric name (labels dropped: one model, one engine)."""
-    out: dict[str, float] = {}
-    for line in path.read_text().splitlines():
-        m = LINE.match(line)
-        if m and not line.startswith("#"):
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-    return out
+    """Every series of a scraped ``/metrics`` file, label sets summed (one model, one engine)."""
+    return parse_exposition(path.read_text())
 
 
 def hist_mean_ms(before: dict[str, float], after: dict[str, float], name: str) -> tuple[float, int]:

@@ -45,8 +45,8 @@ PROM_NAMES: dict[str, tuple[str, ...]] = {
 GAUGES = ("running", "waiting", "kv_cache_usage")
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Prometheus text exposition -> {our name: value}, summing label sets; unknown series are skipped."""
+def parse_exposition(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {series name: value}, summing label sets (one model, one engine)."""
     raw: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -64,6 +64,13 @@ def parse_prometheus(text: str) -> dict[str, float]:
         except ValueError:
             continue
         raw[name] = raw.get(name, 0.0) + value
+    return raw
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {our name: value} (:data:`PROM_NAMES`), summing label sets; unknown series are
+    skipped."""
+    raw = parse_exposition(text)
     out = {}
     for ours, candidates in PROM_NAMES.items():
         for c in candidates:
