@@ -187,3 +187,9 @@ def test_engine_verl_without_verl_is_one_line_and_no_run_dir(tmp_path: Path) -> 
     assert line.startswith("phase6: error: engine.name=verl: verl is not installed")
     assert proc.stdout.splitlines()[0] == grpo_verl.VERIFIED
     assert not run_dir.exists()
+
+
+def test_readme_quotes_the_verified_line() -> None:
+    """The 6D README's blockquote is engine=verl's first output line, word for word."""
+    readme = (Path(__file__).resolve().parents[1] / "projects" / "6d_grpo" / "README.md").read_text()
+    assert grpo_verl.VERIFIED in " ".join(ln[2:] for ln in readme.splitlines() if ln.startswith("> "))

@@ -56,7 +56,10 @@ def validate(config: Any) -> None:
 
 
 def datasets(config: Any) -> tuple[Any, dict[str, Any], Any]:
-    from verl.trainer.ppo.utils import create_rl_dataset
+    try:
+        from verl.trainer.ppo.utils import create_rl_dataset
+    except ImportError:  # verl < 0.9
+        from verl.trainer.main_ppo import create_rl_dataset
     from verl.utils.config import omega_conf_to_dataclass
 
     model_config = omega_conf_to_dataclass(config.actor_rollout_ref.model)
@@ -129,8 +132,9 @@ def score_completions(config: Any, tok: Any, dataset: Any, items: list[list[Any]
         tensors={"responses": resp, "attention_mask": torch.cat([prompt_mask, mask], dim=1)},
         non_tensors={k: np.asarray(v, dtype=object) for k, v in non_tensors.items()},
     )
-    # the worker and its manager hold the event loop they were built on (verl.utils.ray_utils.get_event_loop)
-    results = worker.loop.run_until_complete(worker.compute_score_batch(data))
+    # the manager holds the event loop it was built on (verl.utils.ray_utils.get_event_loop); so does the worker
+    loop = getattr(worker, "loop", None) or worker.reward_manager.loop  # verl 0.9 / 0.7-0.8
+    results = loop.run_until_complete(worker.compute_score_batch(data))
     decoded = [tok.decode(r, skip_special_tokens=True) for r in responses]
     builtin = [
         float(default_compute_score(str(ds), text, str(rm["ground_truth"])))
@@ -162,9 +166,16 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:
         out["validate_error"] = _one_line(e)
     if job.get("data", True) and Path(str(config.actor_rollout_ref.model.path)).is_dir():
-        tok, out["data"], sets = datasets(config)
+        try:
+            tok, out["data"], sets = datasets(config)
+        except Exception as e:  # reported, not raised: the other jobs of this process still run
+            out["data_error"] = _one_line(e)
+            return out
         if job.get("completions"):
-            out["reward"] = score_completions(config, tok, sets["train"], job["completions"])
+            try:
+                out["reward"] = score_completions(config, tok, sets["train"], job["completions"])
+            except Exception as e:
+                out["reward_error"] = _one_line(e)
     return out
 
 
