@@ -12,6 +12,8 @@
 #   GPU node: the `[vllm]` extra (vLLM's own CUDA torch pin).
 # phase6's own requirements are constrained to what vLLM installed (a freeze of the env), so they cannot move
 # vLLM's torch or transformers. On failure the half-built env is removed (no broken .venv-vllm is ever found).
+# Beside it, two --no-deps --target dirs, never on sys.path: sglang-args (SGLang's argument parser) and verl
+# (verl==0.9.1's own config/dataset/reward code, for tests/test_grpo_verl.py through phase6.posttrain.verl_check).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}

@@ -193,3 +193,15 @@ def test_readme_quotes_the_verified_line() -> None:
     """The 6D README's blockquote is engine=verl's first output line, word for word."""
     readme = (Path(__file__).resolve().parents[1] / "projects" / "6d_grpo" / "README.md").read_text()
     assert grpo_verl.VERIFIED in " ".join(ln[2:] for ln in readme.splitlines() if ln.startswith("> "))
+
+
+def test_one_verl_pin_everywhere() -> None:
+    """setup-vllm installs what verl_check names, and `phase6[verl]` pins the same release."""
+    import shlex
+
+    root = Path(__file__).resolve().parents[1]
+    setup = (root / "scripts" / "setup_vllm.sh").read_text()
+    assert f"VERL_SPEC=${{VERL_SPEC:-{verl_check.VERL_SPEC}}}" in setup
+    extra = setup.split("VERL_EXTRA=(", 1)[1].split(")", 1)[0]
+    assert tuple(shlex.split(extra.replace("\n", " "))) == verl_check.VERL_EXTRA
+    assert f'verl = ["{verl_check.VERL_SPEC}"]' in (root / "pyproject.toml").read_text()

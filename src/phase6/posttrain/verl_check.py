@@ -27,13 +27,14 @@ VERL_EXTRA = (
     "ray==2.60.0",
     "tensordict==0.10.0",
     "codetiming==1.4.0",
-    "msgpack",
-    "orjson",
-    "importlib_metadata",
-    "zipp",
-    "pyvers<0.2",
+    "msgpack==1.2.4",
+    "orjson==3.13.0",
+    "importlib_metadata==10.2.0",
+    "zipp==4.1.2",
+    "pyvers>=0.1,<0.2",
 )
-"""What verl's import chain (``verl.protocol``, ``verl.utils.profiler``, Ray's core) needs beyond the vLLM env."""
+"""What verl's import chain (``verl.protocol``, ``verl.utils.profiler``, Ray's core) needs beyond the vLLM env
+(scripts/setup_vllm.sh installs exactly these; tests/test_grpo_verl.py holds the two lists equal)."""
 VERL_DIR = "verl"
 """Under the vLLM venv: ``pip install --no-deps --target`` of verl and :data:`VERL_EXTRA`."""
 ENV_VAR = "PHASE6_VERL_DIR"
