@@ -134,7 +134,9 @@ def test_verl_config_composes_and_validates(probe: dict[str, Any]) -> None:
 def test_verl_dataset_loads_our_parquet(probe: dict[str, Any]) -> None:
     from datasets import Dataset
 
-    data = probe["results"]["smoke"]["data"]
+    smoke = probe["results"]["smoke"]
+    assert "data_error" not in smoke, smoke["data_error"]
+    data = smoke["data"]
     for split, n in (("train", 64), ("val", 8)):
         d = data[split]
         written = Dataset.from_parquet(str(probe["smoke_dir"] / f"{split}.parquet"))
@@ -161,7 +163,9 @@ def test_verl_reward_loader_calls_our_compute_score(probe: dict[str, Any]) -> No
 @pytest.mark.slow
 @needs_verl
 def test_gsm8k_reward_through_verl_equals_phase6_scorer(probe: dict[str, Any]) -> None:
-    rows, reward = probe["rows"], probe["results"]["gsm8k"]["reward"]
+    job = probe["results"]["gsm8k"]
+    assert "data_error" not in job and "reward_error" not in job, job
+    rows, reward = probe["rows"], job["reward"]
     items = completions_for(rows)
     assert reward["ground_truths"] == [rows[i].solution for i, _ in items]  # through verl's dataset + collate
     assert all(reward["roundtrip_equal"])  # verl's decode gives back the completion text we scored
