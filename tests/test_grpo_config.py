@@ -113,8 +113,8 @@ def test_verl_job_carries_our_settings(tmp_path: Path) -> None:
     assert o["actor_rollout_ref.rollout.gpu_memory_utilization"] == 0.6
     assert o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 8  # 16 per step split over 2 GPUs
     assert o["trainer.n_gpus_per_node"] == 2 and o["trainer.val_before_train"] is False  # user override wins
-    assert o["custom_reward_function.name"] == "compute_score"
-    assert Path(o["custom_reward_function.path"]).resolve() == Path(grpo_verl.__file__).resolve()
+    assert o["reward.custom_reward_function.name"] == "compute_score"  # verl >= 0.9's key (tests/test_grpo_verl.py)
+    assert Path(o["reward.custom_reward_function.path"]).resolve() == Path(grpo_verl.__file__).resolve()
     cmd = (out / "command.sh").read_text()
     assert "verl.trainer.main_ppo" in cmd and "algorithm.adv_estimator=grpo" in cmd
     assert "'trainer.logger=[console,wandb]'" in cmd  # a Hydra list, one shell word

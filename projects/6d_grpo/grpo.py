@@ -223,10 +223,9 @@ def run_eval(cfg: GrpoRunConfig, engine: Any, tok: Any, rows: list[dict[str, Any
 
 def run_verl(cfg: GrpoRunConfig, rec: RunRecord, train_rows: list[Any]) -> Path:
     """engine=verl: write verl's job from our config, launch it unless engine.verl_launch=false."""
-    import importlib.util
     import subprocess
 
-    from phase6.posttrain.grpo_verl import command, write_verl_job
+    from phase6.posttrain.grpo_verl import VERIFIED, command, write_verl_job
 
     run_dir = Path(cfg.run.dir)
     d = cfg.data
@@ -235,14 +234,14 @@ def run_verl(cfg: GrpoRunConfig, rec: RunRecord, train_rows: list[Any]) -> Path:
     else:
         val_rows = gsm8k.load_gsm8k(d.path, d.eval_split, cfg.eval.num_questions)
     gpus = max(1, torch.cuda.device_count())
-    out = write_verl_job(cfg, train_rows, val_rows, run_dir, gpus)
-    notes = {"verl": f"verl job written to {out} (overrides.yaml, command.sh, train/val parquet)."}
+    # model=tiny: built and saved into the run dir (config + tokenizer with a chat template), which verl then loads
+    model_path = prepare_model(cfg, [r.to_trl() for r in train_rows], run_dir)[0] if cfg.model.is_tiny else None
+    out = write_verl_job(cfg, train_rows, val_rows, run_dir, gpus, model_path)
+    notes = {
+        "verl": f"verl job written to {out} (overrides.yaml, command.sh, train/val parquet).",
+        "verl_checked": VERIFIED,
+    }
     if cfg.engine.verl_launch:
-        if importlib.util.find_spec("verl") is None:
-            raise ValueError(
-                "engine.name=verl: verl is not installed in this environment; install `phase6[verl]` "
-                "in its own environment (its vLLM pin differs from TRL's), or set engine.verl_launch=false"
-            )
         import yaml
 
         proc = subprocess.run(command(yaml.safe_load((out / "overrides.yaml").read_text())), cwd=run_dir)
@@ -252,9 +251,25 @@ def run_verl(cfg: GrpoRunConfig, rec: RunRecord, train_rows: list[Any]) -> Path:
     return rec.finish([{"engine": "verl", "launched": cfg.engine.verl_launch, "job_dir": str(out)}], notes=notes)
 
 
+def check_verl(cfg: GrpoRunConfig) -> None:
+    """engine=verl: say first what of the verl job is verified; no verl to launch -> one line, before the run dir."""
+    import importlib.util
+
+    from phase6.posttrain.grpo_verl import VERIFIED
+
+    print(VERIFIED, flush=True)
+    if cfg.engine.verl_launch and importlib.util.find_spec("verl") is None:
+        raise ValueError(
+            "engine.name=verl: verl is not installed in this environment; install `phase6[verl]` "
+            "in its own environment (its vLLM pin differs from TRL's), or set engine.verl_launch=false"
+        )
+
+
 def main(cfg: GrpoRunConfig) -> Path:
     if cfg.engine.name == "vllm":
         check_vllm(cfg)  # before the run directory exists
+    if cfg.engine.name == "verl":
+        check_verl(cfg)
     use_cuda = torch.cuda.is_available()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     random.seed(cfg.run.seed)

@@ -1,13 +1,15 @@
 """``engine=verl``: translate our GRPO config into verl's ``main_ppo`` overrides, write its data, launch it.
 
-verl lives in its own environment (its vLLM pin, <= 0.12 at v0.7, is disjoint from TRL's >= 0.17; anchors §0), so
-phase6 never imports it: it writes ``<run dir>/verl/{train,val}.parquet`` in verl's GSM8K schema
+verl lives in its own environment (its pins: verl 0.9.1 wants vLLM 0.24.0, transformers 5.9, Ray), so phase6 never
+imports it: it writes ``<run dir>/verl/{train,val}.parquet`` in verl's GSM8K schema
 (verl:examples/data_preprocess/gsm8k.py: chat ``prompt``, ``data_source``, ``reward_model.ground_truth``),
 ``overrides.yaml`` / ``command.sh``, and runs ``python -m verl.trainer.main_ppo <overrides>``.
 
 The reward is ours, not verl's built-in ``gsm8k.compute_score`` (that one compares strings, so 18.0 != 18, and only
-reads the last 300 characters): ``custom_reward_function.path`` points at this file, whose ``compute_score`` calls
-``phase6.tasks.gsm8k.score``. Keys follow verl's GSM8K GRPO example (verl:examples/grpo_trainer/run_qwen2-7b.sh).
+reads the last 300 characters): ``reward.custom_reward_function.path`` points at this file, whose ``compute_score``
+calls ``phase6.tasks.gsm8k.score``. Keys follow verl's GSM8K GRPO example (verl:examples/grpo_trainer/run_qwen2-7b.sh)
+and are held against verl's own config, dataset and reward code by ``phase6.posttrain.verl_check`` in CI
+(tests/test_grpo_verl.py); :data:`VERIFIED` says what that covers and what it does not.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from phase6.config.grpo import GrpoRunConfig
+from phase6.posttrain.verl_check import VERL_VERSION
 
 # TRL loss_type -> verl actor.loss_agg_mode (verl:examples/grpo_trainer/README.md)
 LOSS_AGG = {
@@ -26,19 +29,31 @@ LOSS_AGG = {
     "grpo": "seq-mean-token-mean",
     "dr_grpo": "seq-mean-token-sum-norm",
 }
+VERIFIED = (
+    f"engine=verl: checked against verl {VERL_VERSION} on CPU (main_ppo's Hydra config composes with these overrides and "
+    "passes validate_config; verl's RLHFDataset loads the parquet; verl's reward worker loads and calls phase6's "
+    "compute_score, scores equal to phase6's GSM8K scorer); NOT verified: a verl training run (never run on a GPU)"
+)
+"""``phase6 grpo engine=verl``'s first output line (the 6D README and docs/benchmarks.md, issue 32, say why)."""
 MAX_PROMPT_LENGTH = 512
 """verl's GSM8K example value; GSM8K questions + instruction are < 300 Qwen tokens."""
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
-    """verl custom reward entry point (signature of verl's default_compute_score)."""
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs: Any
+) -> float:
+    """verl custom reward entry point (signature of verl's default_compute_score; verl's reward manager adds
+    ``reward_router_address``/``reward_model_tokenizer`` keywords when a reward model is served: ignored)."""
     from phase6.tasks.gsm8k import score
 
     return score(solution_str, ground_truth)
 
 
-def verl_overrides(cfg: GrpoRunConfig, data_dir: Path, run_dir: Path, num_gpus: int) -> dict[str, Any]:
-    """Dotted verl keys -> values, from our config (then ``engine.verl_overrides`` on top)."""
+def verl_overrides(
+    cfg: GrpoRunConfig, data_dir: Path, run_dir: Path, num_gpus: int, model_path: str | None = None
+) -> dict[str, Any]:
+    """Dotted verl keys -> values, from our config (then ``engine.verl_overrides`` on top). ``model_path``: the
+    directory the tiny model was saved to (``model=tiny``), else ``model.name_or_path``."""
     g = cfg.grpo
     if g.loss_type not in LOSS_AGG:
         raise ValueError(f"grpo.loss_type: {g.loss_type!r} has no verl equivalent; use one of {sorted(LOSS_AGG)}")
@@ -55,7 +70,8 @@ def verl_overrides(cfg: GrpoRunConfig, data_dir: Path, run_dir: Path, num_gpus: 
         "data.max_response_length": g.max_completion_length,
         "data.filter_overlong_prompts": True,
         "data.truncation": "error",
-        "actor_rollout_ref.model.path": cfg.model.name_or_path,
+        "actor_rollout_ref.model.path": model_path or cfg.model.name_or_path,
+        "actor_rollout_ref.model.trust_remote_code": cfg.model.trust_remote_code,
         "actor_rollout_ref.model.enable_gradient_checkpointing": g.gradient_checkpointing,
         "actor_rollout_ref.model.use_remove_padding": True,
         "actor_rollout_ref.actor.optim.lr": g.learning_rate,
@@ -77,8 +93,11 @@ def verl_overrides(cfg: GrpoRunConfig, data_dir: Path, run_dir: Path, num_gpus: 
         "actor_rollout_ref.rollout.gpu_memory_utilization": cfg.engine.vllm.get("gpu_memory_utilization", 0.6),
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro,
-        "custom_reward_function.path": str(Path(__file__).resolve()),
-        "custom_reward_function.name": "compute_score",
+        # verl >= 0.9 reads reward.custom_reward_function; its top-level custom_reward_function is a legacy key
+        # that main_ppo composes but never reads (only the fully-async entry point migrates it): a silent
+        # fallback to verl's built-in GSM8K string match (tests/test_grpo_verl.py runs verl's reward worker)
+        "reward.custom_reward_function.path": str(Path(__file__).resolve()),
+        "reward.custom_reward_function.name": "compute_score",
         "trainer.n_gpus_per_node": num_gpus,
         "trainer.nnodes": 1,
         "trainer.total_training_steps": g.max_steps,
@@ -131,7 +150,12 @@ def command(overrides: dict[str, Any]) -> list[str]:
 
 
 def write_verl_job(
-    cfg: GrpoRunConfig, train_rows: list[Any], val_rows: list[Any], run_dir: Path, num_gpus: int
+    cfg: GrpoRunConfig,
+    train_rows: list[Any],
+    val_rows: list[Any],
+    run_dir: Path,
+    num_gpus: int,
+    model_path: str | None = None,
 ) -> Path:
     """Write data, overrides.yaml and command.sh under ``<run_dir>/verl``; returns that directory."""
     import yaml
@@ -141,7 +165,7 @@ def write_verl_job(
     out.mkdir(parents=True, exist_ok=True)
     Dataset.from_list(verl_rows(train_rows, "train")).to_parquet(str(out / "train.parquet"))
     Dataset.from_list(verl_rows(val_rows, "test")).to_parquet(str(out / "val.parquet"))
-    overrides = verl_overrides(cfg, out, run_dir, num_gpus)
+    overrides = verl_overrides(cfg, out, run_dir, num_gpus, model_path)
     (out / "overrides.yaml").write_text(yaml.safe_dump(overrides, sort_keys=False))
     (out / "command.sh").write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + shlex.join(command(overrides)) + "\n")
     return out
