@@ -274,7 +274,7 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
     )
     metrics_url = srv.base_url + "/metrics"
     points: list[dict[str, Any]] = []
-    stop, t_ready, longest = "", wall(), 0.0
+    stop, longest = "", 0.0
     try:
         sampler.start()
         with (rec.dir / "requests.jsonl").open("w") as req_f:
@@ -284,14 +284,19 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
                     break
                 n = probes.num_requests(load)
                 est = max(longest, n / load if probes.rate else 0.0)
-                if c.time_budget_s is not None and wall() - t_ready + est > c.time_budget_s:
-                    stop = f"time budget: {wall() - t_ready:.0f} s used + ~{est:.0f} s for the next probe > {c.time_budget_s:g} s"
+                if c.time_budget_s is not None and wall() - rec.t0 + est > c.time_budget_s:
+                    used = wall() - rec.t0
+                    stop = f"time budget: {used:.0f} s used + ~{est:.0f} s for the next probe > {c.time_budget_s:g} s"
                     break
                 if srv.exited() is not None:
                     stop = f"server exited ({srv.exited()})"
                     break
                 t_probe = wall()
-                point = run_probe(cfg, srv, probes, load, n, len(points), body, metrics_url, sampler.out, req_f)
+                try:
+                    point = run_probe(cfg, srv, probes, load, n, len(points), body, metrics_url, sampler.out, req_f)
+                except Exception as e:  # recorded, not raised: the probes so far still give a bracket
+                    stop = f"probe at {load:g} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    break
                 longest = max(longest, wall() - t_probe)
                 point["attainment_sim"] = sim(load)["attainment"] if sim is not None else None
                 points.append(point)
@@ -395,26 +400,41 @@ def run_probe(
 
 
 def knee_why(first: str, lo: dict[str, Any] | None, hi: dict[str, Any] | None, unit: str) -> str:
-    """The knee's evidence in one sentence: queue time and TTFT beside ITL/TPOT p99, from the pass to the fail."""
+    """The knee's evidence in one sentence, from the pass to the fail: queue time and TTFT beside ITL/TPOT p99, and
+    which of them moved (queueing = the server's mean queue time rose by at least half of TTFT p50's rise)."""
     if lo is None or hi is None:
         return f"no knee inside the probed range (slo_broken_first={first})"
 
     def ch(k: str) -> str:
         return f"{_fmt(lo.get(k))} -> {_fmt(hi.get(k))}"
 
-    return (
+    def rise(k: str) -> float | None:
+        a, b = lo.get(k), hi.get(k)
+        ok = isinstance(a, (int, float)) and isinstance(b, (int, float)) and not (math.isnan(a) or math.isnan(b))
+        return b - a if ok else None
+
+    facts = (
         f"from {unit} {lo['load']:g} (pass) to {hi['load']:g} (fail): TTFT attainment {ch('ttft_attainment')}, TPOT "
         f"attainment {ch('tpot_attainment')}; server queue time mean {ch('server_queue_time_mean_ms')} ms, client "
-        f"queue p99 {ch('queue_p99_ms')} ms, TTFT p99 {ch('ttft_p99_ms')} ms; ITL p99 {ch('itl_p99_ms')} ms, TPOT "
-        f"p99 {ch('tpot_p99_ms')} ms, server running mean {ch('server_running_mean')}. "
-        + (
-            "TTFT breaking first with queue time growing = requests wait before their prefill (queueing)."
-            if first.startswith("TTFT")
-            else "TPOT breaking first = each step grows with the batch and its prefill chunks (batch fill)."
-            if first.startswith("TPOT")
-            else ""
-        )
+        f"queue p99 {ch('queue_p99_ms')} ms, TTFT p50 {ch('ttft_p50_ms')} / p99 {ch('ttft_p99_ms')} ms; ITL p99 "
+        f"{ch('itl_p99_ms')} ms, TPOT p99 {ch('tpot_p99_ms')} ms, server running mean {ch('server_running_mean')}."
     )
+    dq, dt, di = rise("server_queue_time_mean_ms"), rise("ttft_p50_ms"), rise("itl_p99_ms")
+    if first.startswith("TTFT"):
+        if dq is not None and dt is not None and dt > 0 and dq >= 0.5 * dt:
+            return facts + " TTFT broke first and the server's waiting queue carries its rise: queueing."
+        return facts + (
+            " TTFT broke first without the server's waiting queue growing"
+            + (f" ({dq:+.3g} ms of TTFT p50's {dt:+.3g} ms)" if dq is not None and dt is not None else "")
+            + ": the time goes after admission (prefill in a full batch, the API server), not to queueing."
+        )
+    if first.startswith("TPOT"):
+        return facts + (
+            " TPOT broke first with ITL p99 rising: each step grows with the batch and its prefill chunks (batch fill)."
+            if di is not None and di > 0
+            else " TPOT broke first while ITL p99 did not rise: the per-request mean moved, not the tail gap."
+        )
+    return facts
 
 
 def finish(
@@ -462,6 +482,9 @@ def finish(
         "first_probe": start,
         "at_capacity": at_cap,
         "predicted": pred_cap,
+        "predicted_missing_reason": None
+        if pred_cap is not None
+        else (prediction or {}).get("capacity_missing_reason", "no prediction (predict=false)"),
         "predicted_error_pct": (
             100 * (pred_cap - est["value"]) / est["value"] if pred_cap is not None and est["value"] else None
         ),

@@ -9,9 +9,12 @@
 #
 # CARRY (.device/i33): repo.tar.xz (this branch, git archive), models/qwen2.5-14b-fullvocab (config.json + tokenizer,
 # scripts/make_dummy_model.py --full-vocab), whl/simpy-*.whl (the simulator's event loop; the image lacks SimPy).
-# Budget: <= 420 s wall: vLLM cold start ~190 s, then capacity.time_budget_s=150 of probes (no probe starts that could
-# not end inside it), teardown; a hard `timeout 395` around it all. $OUT: capacity.tar.xz (the run dir: results.json,
-# prediction.json, requests.jsonl, server.log, telemetry.jsonl, plots) and capacity.log; the table is printed last.
+# Budget: <= 420 s wall: capacity.time_budget_s=330 from the run's start (vLLM cold start ~190-230 s included; no
+# probe starts that could not end inside it), then results + teardown; a hard `timeout 395` around it all.
+# $OUT: capacity.tar.xz (the run dir: results.json, prediction.json, requests.jsonl, server.log, telemetry.jsonl,
+# plots) and capacity.log; the table is printed last.
+# CAPACITY_EXTRA (optional): more serve-bench overrides, e.g. a CPU dry run of this script with `python3` -> the vLLM
+# venv and CAPACITY_EXTRA="hardware=cpu serve=vllm_tiny serve.plan_model=null load=smoke_vllm ...".
 set -uo pipefail
 carry=$(realpath "$1")
 R=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,16 +27,17 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$W/site:$R/src
 PHASE6_VLLM_PYTHON=$(command -v python3)
 export PHASE6_VLLM_PYTHON
-if ! python3 -c "import vllm, hydra, simpy; print('vllm', vllm.__version__, 'simpy', simpy.__version__)"; then
+if ! python3 -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('vllm', 'hydra', 'simpy')))"; then
     echo "h200_capacity: vLLM/Hydra not importable from /tmp/site (unpack the vLLM carry's pieces first)"
     exit 3
 fi
 M=$W/qwen2.5-14b-fullvocab
+rm -rf "$M" "$W/run"
 cp -r "$carry/models/qwen2.5-14b-fullvocab" "$M"
 cd "$R" || exit 4
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } 2>&1 | tee "$OUT/capacity.log"
 timeout -k 10 395 python3 -m phase6 serve-bench experiment=capacity_h200_vllm serve.model="$M" \
-    serve.plan_model="$M/config.json" run.dir="$W/run" >> "$OUT/capacity.log" 2>&1
+    serve.plan_model="$M/config.json" run.dir="$W/run" ${CAPACITY_EXTRA:-} >> "$OUT/capacity.log" 2>&1
 rc=$?
 echo "serve-bench rc=$rc after $(($(date +%s) - t0)) s" | tee -a "$OUT/capacity.log"
 tar -cJf "$OUT/capacity.tar.xz" -C "$W" run 2>/dev/null

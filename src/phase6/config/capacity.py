@@ -42,8 +42,9 @@ class CapacityConfig:
     confidence: float = 0.95
     """Two-sided level of the Wilson score interval of each probe's attainment (the capacity's interval)."""
     time_budget_s: float | None = None
-    """Wall seconds for the search after the server is ready; no probe starts that could not finish in it (longest
-    probe so far as the estimate). null = no limit."""
+    """Wall seconds for the whole capacity run from its start (server start, prediction and probes); no probe starts
+    that could not end inside it (the longest probe so far, or n / rate, as the estimate): results are written with
+    the bracket reached. null = no limit."""
 
     def __post_init__(self) -> None:
         require(
