@@ -215,3 +215,14 @@ def test_capacity_search_on_real_vllm_cpu(tmp_path: Path) -> None:
     assert (run_dir / "plots" / "capacity.png").stat().st_size > 0
     reqs = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
     assert len(reqs) == 40 * len(rows) and {q["probe"] for q in reqs} == set(range(len(rows)))
+
+
+def test_knee_sentence_follows_the_evidence() -> None:
+    why = load_object("projects/6b_serving/capacity.py:knee_why")
+    lo = {"load": 20.0, "ttft_p50_ms": 100.0, "server_queue_time_mean_ms": 5.0, "itl_p99_ms": 40.0}
+    queued = {"load": 25.0, "ttft_p50_ms": 900.0, "server_queue_time_mean_ms": 700.0, "itl_p99_ms": 41.0}
+    unqueued = {**queued, "server_queue_time_mean_ms": 6.0}
+    assert "queueing." in why("TTFT", lo, queued, "req/s")
+    assert "not to queueing" in why("TTFT", lo, unqueued, "req/s")
+    assert "batch fill" in why("TPOT", lo, {**queued, "itl_p99_ms": 150.0}, "req/s")
+    assert "no knee" in why("none", lo, None, "req/s")

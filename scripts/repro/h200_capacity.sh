@@ -40,8 +40,8 @@ timeout -k 10 395 python3 -m phase6 serve-bench experiment=capacity_h200_vllm se
     serve.plan_model="$M/config.json" run.dir="$W/run" ${CAPACITY_EXTRA:-} >> "$OUT/capacity.log" 2>&1
 rc=$?
 echo "serve-bench rc=$rc after $(($(date +%s) - t0)) s" | tee -a "$OUT/capacity.log"
-tar -cJf "$OUT/capacity.tar.xz" -C "$W" run 2>/dev/null
-grep -a -E '^(prediction|server|probe|capacity):' "$OUT/capacity.log" | tail -12
+tar --exclude=run/random_model -cJf "$OUT/capacity.tar.xz" -C "$W" run 2>/dev/null
+grep -a -E '^(prediction: |server: |probe [0-9]+: |capacity: )' "$OUT/capacity.log" | tail -12
 python3 - "$W/run" <<'PY'
 import json, sys
 from pathlib import Path
