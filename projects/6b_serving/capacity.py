@@ -481,6 +481,7 @@ def finish(
         "stop_reason": stop,
         "first_probe": start,
         "at_capacity": at_cap,
+        "goodput_peak": {k: max(points, key=lambda p: p["goodput_req_s"])[k] for k in ("load", "goodput_req_s")},
         "predicted": pred_cap,
         "predicted_missing_reason": None
         if pred_cap is not None
