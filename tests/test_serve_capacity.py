@@ -192,7 +192,8 @@ VLLM_PY = vllm_env.vllm_python()
 @pytest.mark.skipif(VLLM_PY is None, reason=vllm_env.skip_reason())
 def test_capacity_search_on_real_vllm_cpu(tmp_path: Path) -> None:
     """`experiment=capacity_smoke_vllm`: one server start, the prediction written before the first probe picks it,
-    every probe a row, top-level capacity / slo_broken_first / knee, the plot; ~3-5 min on 2 shared cores."""
+    every probe a row, top-level capacity / slo_broken_first / knee, the plot; ~3-5 min on 2 shared cores. Where the
+    knee lies depends on this machine's load (6-30 req/s seen), so the checks hold for a bracket or a bound."""
     from typer.testing import CliRunner
 
     from phase6.cli import app
@@ -203,13 +204,19 @@ def test_capacity_search_on_real_vllm_cpu(tmp_path: Path) -> None:
     res = json.loads((run_dir / "results.json").read_text())
     pred = json.loads((run_dir / "prediction.json").read_text())
     rows = res["rows"]
-    assert 2 <= len(rows) <= 5 and [p["probe"] for p in rows] == list(range(len(rows)))
+    assert 1 <= len(rows) <= 6 and [p["probe"] for p in rows] == list(range(len(rows)))
+    assert all(p["passed"] == (p["attainment"] >= 0.9) for p in rows)
     assert rows[0]["load"] == pytest.approx(pred["first_probe"])  # the prediction picked the first probe
     assert all(p["planned"] == 40 and p["completed"] + p["failed"] == 40 for p in rows)
     cap = res["capacity"]
     assert {"value", "ci", "highest_passing_load", "lowest_failing_load", "at_capacity", "predicted"} <= set(cap)
     assert res["slo_broken_first"] in ("TTFT", "TPOT", "E2E", "TTFT+TPOT", "joint", "none")
-    assert cap["probes"] == len(rows) and cap["stop_reason"]
+    assert cap["probes"] == len(rows)
+    lo, hi = cap["highest_passing_load"], cap["lowest_failing_load"]
+    if lo is not None and hi is not None:  # a knee inside [1, 128] req/s: the estimate lies in the bracket
+        assert lo <= cap["value"] <= hi and cap["stop_reason"].startswith(("resolution reached", "max_probes"))
+    else:  # this box served everything (or nothing) in range: the search says which bound stopped it
+        assert ("max_load" in cap["stop_reason"]) == (hi is None) and cap["value"] is None
     # one server start for the whole search: one command line ("$ ...", phase6.serving.server) in server.log
     assert sum(line.startswith("$ ") for line in (run_dir / "server.log").read_text().splitlines()) == 1
     assert (run_dir / "plots" / "capacity.png").stat().st_size > 0
