@@ -164,6 +164,10 @@ def preflight(cfg: ServeBenchRunConfig) -> None:
 
 
 def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
+    if cfg.capacity.search is not None:  # capacity mode: many probes on one server start
+        from phase6.config import load_object
+
+        return load_object("projects/6b_serving/capacity.py:main")(cfg)
     preflight(cfg)
     rec = RunRecord(cfg, job="serve_bench")
     model = resolve_model(cfg, rec)

@@ -3,8 +3,9 @@
     python projects/6b_serving/writeup.py outputs/serve_bench/sweep_*/ --out outputs/serve_bench/writeup.md
 
 Tables: the scaling table, TP scaling ratios per (engine, model, load, concurrency), predicted vs measured with
-the planner's decode breakdown, cost per 1M output tokens against the configured API prices, and caveats read
-from the runs (failures, aborted runs, unavailable telemetry, token-count fallbacks).
+the planner's decode breakdown, cost per 1M output tokens against the configured API prices, capacity at the SLO
+and which SLO breaks first (from capacity-mode runs: results.json ``capacity``, ``slo_broken_first``, ``knee``), and
+caveats read from the runs (failures, aborted runs, unavailable telemetry, token-count fallbacks).
 """
 
 from __future__ import annotations
@@ -148,7 +149,50 @@ def caveats(runs: list[tuple[Path, dict[str, Any]]]) -> str:
     return "\n".join(dict.fromkeys(notes)) or "- none recorded"
 
 
+def capacity_rows(caps: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per capacity run: the capacity with its interval, the prediction, the SLO broken first, $ at capacity."""
+    out = []
+    for d, res in caps:
+        c, probe = res["capacity"], res["rows"][0]
+        at = c.get("at_capacity") or {}
+        out.append(
+            {
+                "run": d.name,
+                "engine": f"{probe['engine']} {res.get('server', {}).get('version') or ''}".strip(),
+                "tp": probe["tp"],
+                "search": f"{c['search']} ({c['unit']})",
+                "capacity": c.get("value"),
+                "ci_low": c["ci"][0],
+                "ci_high": c["ci"][1],
+                "highest_passing": c.get("highest_passing_load"),
+                "lowest_failing": c.get("lowest_failing_load"),
+                "predicted": c.get("predicted"),
+                "probes": c["probes"],
+                "slo_broken_first": res.get("slo_broken_first"),
+                "usd_per_1m_out_at_capacity": at.get("usd_per_1m_output_tokens"),
+                "goodput_req_s_at_capacity": at.get("goodput_req_s"),
+            }
+        )
+    return out
+
+
+def broken_first_text(caps: list[tuple[Path, dict[str, Any]]]) -> str:
+    """Which SLO breaks first, per capacity run, stated from its probes (results.json ``slo_broken_first``/``knee``)."""
+    lines = []
+    for d, res in caps:
+        c, first, knee = res["capacity"], res.get("slo_broken_first"), res.get("knee") or {}
+        cross = knee.get("slo_crossings") or {}
+        at = ", ".join(f"{k} at {v:.4g} {c['unit']}" if isinstance(v, float) else f"{k}: {v}" for k, v in cross.items())
+        lines.append(f"- {d.name}: **{first}** breaks first ({at}). {knee.get('why', '')}")
+        rows = knee.get("rows") or []
+        if rows:
+            lines += ["", markdown_table(rows), ""]
+    return "\n".join(lines) or "- no capacity run among these directories"
+
+
 def render(runs: list[tuple[Path, dict[str, Any]]]) -> str:
+    caps = [(d, res) for d, res in runs if "capacity" in res]
+    runs = [(d, res) for d, res in runs if "capacity" not in res] or caps  # probes are not table rows
     rows = [res["rows"][0] for _, res in runs]
     first = runs[0][1]
     srv, wl = first.get("server", {}), first.get("workload", {})
@@ -178,6 +222,8 @@ def render(runs: list[tuple[Path, dict[str, Any]]]) -> str:
         "predicted": markdown_table(predicted_rows(runs)),
         "cost": markdown_table(cost_rows(runs)),
         "caveats": caveats(runs),
+        "capacity": markdown_table(capacity_rows(caps)) if caps else "- no capacity run among these directories",
+        "slo_broken_first": broken_first_text(caps),
     }
     text = TEMPLATE.read_text()
     for k, v in fill.items():

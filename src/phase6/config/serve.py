@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phase6.config import HardwareConfig, LoggerConfig, PricesConfig, RunConfig, require
+from phase6.config.capacity import CapacityConfig
 from phase6.config.slo import SLOConfig
 
 ENGINES = ("vllm", "sglang", "transformers", "torch-tp", "openai")
@@ -315,6 +316,8 @@ class ServeBenchRunConfig:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     predict: bool = True
     """Put the planner's serving-latency prediction beside the measured row (when phase6.plan provides one)."""
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    """Capacity mode (``capacity.search=rate|concurrency``): the highest load meeting the SLO, one server start."""
 
     def __post_init__(self) -> None:
         require(
@@ -322,6 +325,19 @@ class ServeBenchRunConfig:
             "slo.tbt_ms",
             f"the per-token SLO is simulated by `phase6 fleet` only; serve-bench's goodput uses TTFT/TPOT/E2E, got {self.slo.tbt_ms}",
         )
+        if self.capacity.search == "concurrency":
+            require(
+                self.load.arrival == "concurrency",
+                "load.arrival",
+                f"capacity.search=concurrency searches the closed loop: needs load.arrival=concurrency, got "
+                f"{self.load.arrival!r}",
+            )
+        if self.capacity.search == "rate" and self.capacity.arrival == "trace":
+            require(
+                self.load.dataset in ("mooncake", "azure"),
+                "capacity.arrival",
+                f"trace needs a trace dataset (mooncake, azure), got load.dataset={self.load.dataset}",
+            )
         if self.load.dataset == "sharegpt" and self.serve.max_model_len is not None:
             need = self.load.prompt_len_max + self.load.output_len_max
             require(

@@ -27,7 +27,8 @@ class SLOConfig:
     null = none (TTFT and the per-request mean TPOT only). The fleet only: serve-bench refuses it."""
     attainment: float = 0.9
     """Fraction of requests that must be good for a rate to count as served (DistServe uses 90 %): the fleet's rate
-    and replica searches; serve-bench reports ``good_fraction`` instead."""
+    and replica searches and serve-bench's capacity mode (``capacity.search``); a single serve-bench row reports
+    ``good_fraction``."""
 
     def __post_init__(self) -> None:
         for k in LIMITS:
