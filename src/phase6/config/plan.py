@@ -16,7 +16,7 @@ from typing import Any
 from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
 
 WORKLOADS = ("serve", "train")
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+PP_SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved", "zero_bubble")
 AC_MODES = ("auto", "none", "selective", "full")
 OUTPUTS = ("table", "json", "explain")
 
@@ -118,10 +118,12 @@ class PlanConfig:
     optimizer: str = "adamw"
     """adamw | muon (6A's optim=muon: torch.optim.Muon on the blocks' matrices, whole matrices on every rank, so only
     layouts with tp=1 and zero=0 are legal; its Newton-Schulz time is part of the optimizer step)."""
-    pp_schedule: str = "1f1b"
-    """gpipe | 1f1b | interleaved | zero_bubble (ZB-H1)."""
+    pp_schedule: str = "auto"
+    """auto | gpipe | 1f1b | interleaved | zero_bubble (ZB-H1). auto (default) searches 1F1B, interleaved with
+    v = 2, 4, 8 virtual stages and ZB-H1 for every layout with PP > 1 (``recommend.SEARCHED_SCHEDULES``); each
+    candidate reports the schedule it was ranked with."""
     virtual_stages: int = 2
-    """Model chunks per pipeline rank for the interleaved schedule."""
+    """Model chunks per pipeline rank for the interleaved schedule (when pp_schedule=interleaved)."""
     grad_reduce_bytes: int = 4
     """Bytes per gradient element on the wire: 4 = fp32 reduce (torchtitan MixedPrecisionPolicy default, DDP on
     fp32 params), 2 = bf16."""

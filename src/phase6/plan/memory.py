@@ -9,14 +9,42 @@ gated MLPs; with sequence parallelism every term divides by TP, and flash attent
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
 
 from phase6.plan.model import ModelSpec
 
 GIB = 2**30
 # ZeRO's byte split of mixed-precision Adam: bf16 param, bf16 grad, fp32 master + m + v (arXiv 1910.02054 §3.1).
 PARAM_BYTES, GRAD_BYTES, OPTIM_BYTES = 2, 2, 12
+# Per-term factors measured on a GPU (scripts/repro/h200_plan_memory.py on one H200, fitted by
+# scripts/repro/plan_memory_fit.py, which writes this file): {"source", "activations": {none|selective|full: measured
+# / formula}, "zero3_transient": measured / formula, "reserve_fraction": (peak reserved - peak allocated) / dynamic
+# bytes}. Absent = the formulas alone (what `phase6 plan --explain` then calls "formula only, never measured").
+MEMORY_CALIBRATION_PATH = Path(__file__).with_name("memory_calibration.json")
+
+
+@lru_cache(maxsize=4)
+def _load_calibration(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    for key in ("source", "activations", "zero3_transient", "reserve_fraction"):
+        if key not in data:
+            raise ValueError(f"{p}: missing key {key!r} (written by scripts/repro/plan_memory_fit.py)")
+    return data
+
+
+def memory_calibration() -> dict:
+    """The GPU-measured memory factors, or {} when none were fitted yet."""
+    return _load_calibration(str(MEMORY_CALIBRATION_PATH))
 
 
 @dataclass(frozen=True)
@@ -236,6 +264,11 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
             transient = (dense_gpu + expert_gpu) * (PARAM_BYTES + setup.grad_reduce_bytes)
         elif setup.zero >= 3:  # two gathered bf16 blocks (current + prefetched) and one block's unsharded grads
             transient = layer_gpu * (2 * PARAM_BYTES + setup.grad_reduce_bytes)
+        cal = memory_calibration()
+        if cal:
+            acts *= float(cal["activations"].get(setup.ac_mode, 1.0))
+            transient *= float(cal["zero3_transient"]) if setup.zero >= 3 else 1.0
+            transient += float(cal["reserve_fraction"]) * (acts + logits + transient)  # allocator reserve
         mem = TrainMemory(
             params=pd + pe,
             grads=gd + ge,

@@ -39,6 +39,14 @@ GEMM_CALL_OVERHEAD_S = 6e-6
 OVERLAP_COMPUTE_SLOWDOWN = 0.189
 
 
+# Ring attention's off-diagonal steps (a separate non-causal flash call per ring step on half-chunks, the
+# load-balanced q/kv halves of torch's context_parallel): their attention runs at this fraction of the causal kernel's
+# rate at the same local length. FITTED on the three published CP rows of published_runs.yaml (torchtitan Llama-3.1-8B
+# CP 2/4/8 at 64K/128K/256K, benchmarks/llama3_h100_202412_torchtitan.md Table 2; each names this constant in its
+# source), after the merge traffic (``cp_merge_bytes``): least squares in log(predicted/published) over the three rows.
+# Those rows stay in validate's held-out set, reported with this fit named; nothing else enters it.
+CP_RING_STEP_EFFICIENCY = 0.81
+
 # Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at GPT-2 124M) and come with ~10 elementwise kernels per
 # matrix. Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon
 # vs AdamW"): +9.2 ms (B=32) and +11.2 ms (B=64) per optimizer step for 1.52 TFLOP = ~150 TFLOP/s. The prior written
@@ -202,10 +210,11 @@ class StepPrediction:
             f"(ZeRO-{self.setup.zero}, AC {self.setup.ac_mode})",
             f"compute {100 * self.compute_s / step:.0f}% of step",
         ]
-        if self.bubble_s:
-            bits.append(
-                f"{self.setup.pp_schedule} bubble {100 * self.bubble_s / step:.0f}% (m={self.num_microbatches})"
+        if self.layout.pp > 1:
+            sched = self.setup.pp_schedule + (
+                f" v={self.setup.virtual_stages}" if self.setup.pp_schedule == "interleaved" else ""
             )
+            bits.append(f"schedule {sched}, bubble {100 * self.bubble_s / step:.0f}% (m={self.num_microbatches})")
         for c in self.comm:
             share = 100 * c.exposed_s / step
             hidden = " hidden" if c.exposed_s < 0.05 * c.time_s else ""
@@ -254,10 +263,12 @@ class ComputeBreakdown:
     loss_s: float
     optimizer_s: float
     recompute_note: str = ""
+    cp_merge_s: float = 0.0
+    """Ring attention's per-step output merges (fp32 rescaling) and gradient accumulations (``cp_merge_bytes``)."""
 
     @property
     def fwd_bwd_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.elementwise_s + self.loss_s
+        return self.gemm_s + self.attention_s + self.elementwise_s + self.loss_s + self.cp_merge_s
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -266,7 +277,24 @@ class ComputeBreakdown:
             "elementwise_ms": 1e3 * self.elementwise_s,
             "loss_ms": 1e3 * self.loss_s,
             "optimizer_ms": 1e3 * self.optimizer_s,
+            "cp_merge_ms": 1e3 * self.cp_merge_s,
         }
+
+
+def cp_merge_bytes(model: ModelSpec, cp: int, tp: int, fwd_passes: int) -> float:
+    """HBM bytes per token and block that ring attention adds on top of the attention kernels (context parallelism).
+
+    Each of the cp-1 ring steps after the local one yields a partial attention output and log-sum-exp that is merged
+    into the running output in fp32 (torch's ring attention ``_SDPAMerger``: cast the block output 2+4 B, out - block
+    4+4+4, x sigmoid(lse gap) 4+4, out - that 4+4+4 = 38 B per output element), once per forward pass (twice with
+    full AC); the backward accumulates each step's dQ into an fp32 buffer (read bf16 dQ 2 B, read + write the sum 8 B
+    = 10 B per query element) and rotates fp32 dK/dV accumulators (10 B per K and per V element). Per token:
+    (cp-1) x [fwd_passes x 38 q + 10 q + 20 k] / tp, q and k the query and KV widths.
+    """
+    if cp <= 1:
+        return 0.0
+    q, k = model.q_dim, model.kv_dim
+    return (cp - 1) * (fwd_passes * 38.0 * q + 10.0 * q + 20.0 * k) / tp
 
 
 def compute_breakdown(
@@ -314,6 +342,8 @@ def compute_breakdown(
     attn_fwd = 0.5 * 4.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
     attn_rate = profile.attention_flops_at(setup.seq_len / layout.cp, setup.attention_kernel)
     attention = attn_fwd * (3.5 + (1.0 if attn_fwd_again else 0.0)) / (tp * attn_rate)
+    if layout.cp > 1:  # the cp-1 off-diagonal ring steps of every cp run at CP_RING_STEP_EFFICIENCY
+        attention *= 1.0 / layout.cp + (layout.cp - 1) / layout.cp / CP_RING_STEP_EFFICIENCY
     bw = profile.stream_bytes_per_s
     per_layer_bytes = elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
     elem = elem_passes * layers * per_layer_bytes * tokens_gpu / (tp * bw)
@@ -334,8 +364,10 @@ def compute_breakdown(
     # 3x4, cast back 4+2 = 40 B (Megatron's unfused vocab-parallel CE, the default, makes about as many fp32 passes).
     fused_loss = setup.fused_elementwise if setup.fused_loss is None else setup.fused_loss
     loss = (16.0 if fused_loss else 40.0) * model.vocab_size * tokens_gpu / (tp * bw)
-    first = first_gemm + attention + elem
-    last = last_gemm + attention + elem + loss
+    fwd_passes = 2 if setup.activation_checkpointing else 1
+    cp_merge = layers * cp_merge_bytes(model, layout.cp, tp, fwd_passes) * tokens_gpu / bw
+    first = first_gemm + attention + elem + cp_merge
+    last = last_gemm + attention + elem + loss + cp_merge
     if first > last:  # (only with a tiny vocab) report the first stage
         last_gemm, loss = first_gemm, 0.0
     # AdamW on the local (ZeRO-sharded) fp32 states: read param, grad, m, v (16 B), write param, m, v, bf16 copy (14 B).
@@ -347,7 +379,7 @@ def compute_breakdown(
     # (With optimizer=muon the blocks' matrices keep one momentum buffer instead of two moments: the AdamW traffic
     # above still counts every parameter, a slight over-estimate; Newton-Schulz is added on top.)
     optimizer = 30.0 * local / bw + muon_seconds(model, layout, setup, profile)
-    return ComputeBreakdown(last_gemm, attention, elem, loss, optimizer, note)
+    return ComputeBreakdown(last_gemm, attention, elem, loss, optimizer, note, cp_merge)
 
 
 def predict_train_step(
