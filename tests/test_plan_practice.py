@@ -222,3 +222,26 @@ def test_memory_fit_recovers_a_known_activation_factor(tmp_path: Path) -> None:
         timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--smoke" in bad.stderr
+
+
+def test_serving_explain_carries_the_practice_comparison(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from phase6.cli import app
+
+    args = ["plan", "model=llama3.1-70b", "hardware=h100_sxm", "gpus=8", "workload=serve"]
+    r = CliRunner().invoke(app, [*args, f"run.dir={tmp_path / 'run'}", "--explain"])
+    assert r.exit_code == 0, r.output
+    out = r.stdout.split("## Practice layout beside the #1")[1]
+    assert "practice: dp2·tp4" in out and "#1:       dp1·tp8" in out
+    assert "deciding term: decode HBM reads" in out and MEASURED in out
+
+
+def test_every_fitted_constant_is_named_by_the_rows_it_came_from() -> None:
+    from phase6.plan.validate import load_cases, source_label
+
+    named = {c for case in load_cases() for c in case.fits}
+    assert {"CP_RING_STEP_EFFICIENCY", "HBM_EFFICIENCY"} <= named
+    cp_rows = [c for c in load_cases() if "CP_RING_STEP_EFFICIENCY" in c.fits]
+    assert len(cp_rows) == 3 and all(c.held_out and c.layout["cp"] > 1 for c in cp_rows)
+    assert all("FITS CP_RING_STEP_EFFICIENCY" in source_label(c) for c in cp_rows)

@@ -39,7 +39,10 @@ class EfficiencyConfig:
     """Fraction of HBM the engine may use (vLLM --gpu-memory-utilization default 0.9)."""
     runtime_overhead_gib: float = 1.5
     """Per-GPU memory outside weights/KV/activations we model: CUDA context (~0.5 GiB), NCCL buffers, CUDA graphs,
-    allocator fragmentation. Serving adds the activations of one prefill chunk of min(context_len,
+    allocator fragmentation. Measured for serving (issue 30): vLLM 0.26 serving Qwen2.5-14B on one H200 at
+    gpu_memory_utilization 0.9 logged 96.4 GiB of KV cache, i.e. a reserve of 126.36 - 27.51 - 96.4 = 2.45 GiB, which
+    this 1.5 + the 8192-token activation term (0.95 GiB) reproduces to 0.005 GiB (python -m phase6.plan.serve_reserve
+    turns a vLLM log into this number; its CUDA graphs, 0.89 GiB, sit outside the 0.9 budget). Serving adds the activations of one prefill chunk of min(context_len,
     max_num_batched_tokens) tokens on top (phase6.plan.memory.serve_memory)."""
     max_num_batched_tokens: int = 8192
     """Serving: tokens one engine step may process (vLLM --max-num-batched-tokens, chunked prefill); its forward's

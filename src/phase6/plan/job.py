@@ -305,6 +305,8 @@ def explain(
                 f"tree beats ring below {comm.tree_ring_crossover_bytes(lay.tp, f) / 2**20:.2f} MiB on "
                 f"{lay.tp} ranks ({f.name})"
             )
+    if cfg.workload != "train":
+        lines += ["", *practice.serve_lines(rec, spec, cfg.gpus, cfg.plan, profile)]
     lines += ["", "## Ranked"]
     for i, c in enumerate(rec.candidates, 1):
         lines.append(

@@ -66,6 +66,13 @@ TERM_STATUS: dict[str, tuple[str, str]] = {
         "NIC busbw; overlap windows as Megatron/FSDP2 document them; never measured across nodes here",
     ),
     "overlap slowdown": (DATASHEET, "18.9% compute slowdown measured by arXiv 2507.03114 on other clusters, not here"),
+    "decode HBM reads": (
+        MEASURED,
+        "decode_hbm_efficiency 0.7 vs this repo's H200 vLLM decode (27.5 GiB at 3.39 TB/s = 0.71 of HBM, "
+        "docs/benchmarks.md 6B)",
+    ),
+    "decode compute": (DATASHEET, "prefill_mfu 0.5 of the bf16 peak"),
+    "serving TP all-reduce": (DATASHEET, "NVLink latency + busbw (nccl-tests), never timed at decode sizes here"),
 }
 
 
@@ -265,3 +272,85 @@ def summary(c: Comparison) -> dict[str, Any]:
         "deciding_term_status": c.status,
         "deciding_term_backing": c.backing,
     }
+
+
+def serve_lines(rec: Any, model: ModelSpec, gpus: int, plan: PlanConfig, profile: HardwareProfile) -> list[str]:
+    """Serving: the practice layout (the smallest TP within a node that holds the weights and the ranking batch's KV,
+    replicas outermost; vLLM's usual deployment) beside the #1 (ranked by decode latency), and the deciding term."""
+    from phase6.plan.recommend import rank_batch, serve_context
+    from phase6.plan.serve import ServeCostModel
+
+    top = rec.candidates[0]
+    node = profile.gpus_per_node or 8
+    batch, ctx = rank_batch(plan), serve_context(plan, model)
+    out = [
+        "## Practice layout beside the #1",
+        "practice rule: the smallest TP within the node whose KV cache holds the "
+        f"ranking batch ({batch} x {ctx} tokens), PP only across nodes, replicas (DP) outermost",
+    ]
+
+    def cost(tp: int, pp: int) -> tuple[float, float, float, float] | None:
+        m = ServeCostModel(
+            model,
+            profile,
+            tp=tp,
+            pp=pp,
+            efficiency=plan.efficiency,
+            weight_bytes=plan.weight_bytes,
+            kv_bytes=plan.kv_bytes,
+        )
+        mem = m.memory(ctx)
+        if mem.max_concurrent_seqs < 1:
+            return None
+        b = max(1, min(batch, mem.max_concurrent_seqs))
+        return m.decode_step_s(b, ctx), m.memory_s(b, b * ctx), m.compute_s(b, b * ctx), m.allreduce_s(b)
+
+    prac = None
+    for pp in (1, 2, 4, 8):
+        for tp in (1, 2, 4, 8, 16):
+            if tp > node or gpus % (tp * pp) or not tp_ok(model, tp) or (pp > 1 and tp != node):
+                continue
+            c = cost(tp, pp)
+            if c is not None and c[1] > 0:
+                m = ServeCostModel(
+                    model,
+                    profile,
+                    tp=tp,
+                    pp=pp,
+                    efficiency=plan.efficiency,
+                    weight_bytes=plan.weight_bytes,
+                    kv_bytes=plan.kv_bytes,
+                )
+                if m.memory(ctx).max_concurrent_seqs >= batch or tp == node:
+                    prac = (ParallelLayout(dp=gpus // (tp * pp), tp=tp, pp=pp), c)
+                    break
+        if prac:
+            break
+    if prac is None:
+        out.append("no practice layout holds one sequence; the #1 is the only way the planner sees")
+        return out
+    lay, (dec, mem_s, comp_s, ar) = prac
+    tcost = cost(top.layout.tp, top.layout.pp)
+    out.append(f"practice: {lay}: decode {1e3 * dec:.2f} ms/token")
+    out.append(f"#1:       {top.layout}: decode {top.time_value:.2f} ms/token")
+    if lay.tp == top.layout.tp and lay.pp == top.layout.pp:
+        out.append("the #1 is the practice layout")
+        return out
+    gap = dec / (top.time_value / 1e3) - 1
+    if tcost is None or gap <= TIE_TOLERANCE:
+        out.append(f"practice is within the {100 * TIE_TOLERANCE:.0f}% tie tolerance ({100 * gap:+.1f}%)")
+        return out
+    d = {
+        "decode HBM reads": mem_s - tcost[1],
+        "decode compute": comp_s - tcost[2],
+        "serving TP all-reduce": ar - tcost[3],
+    }
+    term = max(d, key=lambda k: d[k])
+    st, back = TERM_STATUS[term]
+    out.append(
+        f"the #1's decode is {100 * gap:.1f}% faster per token (latency; the practice layout's {lay.dp} replicas may "
+        f"give more tokens/s); deciding term: {term} ({1e3 * d[term]:+.2f} ms/token), validation: {st} ({back})"
+    )
+    if st == DATASHEET:
+        out.append(f"WARNING: this pick rests on {term}, a term never validated against a measurement")
+    return out

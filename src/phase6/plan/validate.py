@@ -50,6 +50,9 @@ class Case:
     approximated: str
     held_out: bool = False
     hardware_overrides: dict[str, Any] = field(default_factory=dict)
+    fits: list[str] = field(default_factory=list)
+    """Model constants fitted on this row's published number (named in the table's source column); a held-out row
+    that fits one stays held out and says so."""
 
 
 def load_cases(path: str | Path = CASES_PATH) -> list[Case]:
@@ -66,7 +69,7 @@ def load_cases(path: str | Path = CASES_PATH) -> list[Case]:
         if not isinstance(raw, dict):
             raise ValueError(f"{where}: expected a mapping")
         extra = set(raw) - known
-        missing = {f.name for f in fields(Case) if f.name not in ("held_out", "hardware_overrides")} - set(raw)
+        missing = {f.name for f in fields(Case) if f.name not in ("held_out", "hardware_overrides", "fits")} - set(raw)
         if extra or missing:
             raise ValueError(f"{where}: unknown keys {sorted(extra)} / missing keys {sorted(missing)}")
         bad = set(raw["setup"]) - SETUP_FIELDS
@@ -130,7 +133,16 @@ class CaseResult:
             "published_vs_top_pct": round(100 * (p.step_time_s / self.best_time_s - 1), 1) if self.best else None,
             "within_tie": self.within_tie,
             "dominant": p.dominant(),
+            "source": source_label(self.case),
         }
+
+
+def source_label(case: Case) -> str:
+    """Where the published number comes from (its file / table) and the constants fitted on it, if any."""
+    where = case.source.split(":")[0].strip().replace("|", "/")
+    if len(where) > 70:
+        where = where[:67] + "..."
+    return where + (f"; FITS {', '.join(case.fits)}" if case.fits else "")
 
 
 def _fmt(lay: ParallelLayout) -> str:
@@ -189,6 +201,7 @@ def summary(results: list[CaseResult]) -> dict[str, Any]:
             "mean_abs_error_pct": round(100 * statistics.mean(errs), 1),
             "max_abs_error_pct": round(100 * max(errs), 1),
             "published_layout_first_or_tied": sum(1 for r in group if r.rank == 1 or r.within_tie),
+            "rows_that_fit_a_constant": sum(1 for r in group if r.case.fits),
         }
     out["tie_tolerance_pct"] = 100 * TIE_TOLERANCE
     return out
@@ -212,6 +225,7 @@ def render(results: list[CaseResult], summ: dict[str, Any]) -> str:
         "planner_top",
         "published_vs_top_pct",
         "dominant",
+        "source",
     )
     lines = []
     for title, held in (("calibration cases", False), ("held-out cases", True)):
