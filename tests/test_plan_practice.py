@@ -245,3 +245,23 @@ def test_every_fitted_constant_is_named_by_the_rows_it_came_from() -> None:
     cp_rows = [c for c in load_cases() if "CP_RING_STEP_EFFICIENCY" in c.fits]
     assert len(cp_rows) == 3 and all(c.held_out and c.layout["cp"] > 1 for c in cp_rows)
     assert all("FITS CP_RING_STEP_EFFICIENCY" in source_label(c) for c in cp_rows)
+
+
+@pytest.mark.slow  # ~10 s alone, ~60 s on a loaded 2-core box
+def test_h200_memory_script_runs_every_case_path_in_smoke_mode(tmp_path: Path) -> None:
+    # CPU logic check of the GPU script (tiny shapes): every AC mode, every TP width, with and without ZeRO-3
+    script = ROOT / "scripts/repro/h200_plan_memory.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--out", str(tmp_path), "--seq", "128", "--layers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads((tmp_path / "plan_memory.json").read_text())
+    assert len(data["records"]) == 24 and all(r["status"] == "ok" for r in data["records"]), data["records"]
+    assert {(r["ac"], r["zero3"]) for r in data["records"]} == {
+        (a, z) for a in ("none", "selective", "full") for z in (False, True)
+    }
+    assert out.stdout.strip().splitlines()[-1].startswith("| tiny | 8 | full | yes |")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan_memory.json", "plan_memory.md"]
