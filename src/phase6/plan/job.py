@@ -184,6 +184,15 @@ def explain(
         lines.append("## No layout fits")
         for c in rec.rejected:
             lines.append(f"- {c.layout}: {c.memory_gib_per_gpu:,.1f} GiB/GPU; {c.reason}")
+        if cfg.workload == "train":
+            _, rule = practice.practice_layout(spec, cfg.gpus, cfg.plan, profile)
+            mst, mback = practice.memory_status()
+            lines += [
+                "",
+                "## Practice layout beside the #1",
+                f"practice rule: {rule}",
+                f"deciding term: memory, validation: {mst} ({mback})",
+            ]
         return "\n".join(lines)
     top = rec.candidates[0]
     lines.append(f"## Best layout: {top.layout}")

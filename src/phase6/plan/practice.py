@@ -165,7 +165,7 @@ def practice_layout(
                         plan.efficiency.mfu,
                         plan.efficiency.runtime_overhead_gib,
                     )
-                    tried = tried or p
+                    tried = p if tried is None or p.memory.total < tried.memory.total else tried
                     if p.fits:
                         ladder = practice_ac(model)
                         size = "<2B" if model.num_params() < 2e9 else "<30B" if model.num_params() < 30e9 else ">=30B"
