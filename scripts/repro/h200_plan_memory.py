@@ -16,8 +16,9 @@ What runs, per case (torch only, no phase6 import, so it runs from a bare checko
   saved) / full (each block's input only);
 - ``zero3``: a ZeRO-3 / FSDP-style layer: the layer's bf16 params live in one flat buffer whose storage is freed after
   the layer's forward and re-allocated (all-gather emulated, shard 1/8 kept) before its backward; one layer prefetched
-  ahead in forward and backward (FSDP2's default), gradients cast to fp32 and folded into a 1/8 fp32 shard
-  (reduce-scatter emulated) as soon as each is accumulated.
+  ahead in forward and backward (FSDP2's default); when a block's gradients are all accumulated (bf16), they are
+  copied into one fp32 reduce-scatter input of the block's size (FSDP2's reduce_dtype fp32 foreach_reduce), folded
+  into a 1/8 fp32 shard (reduce-scatter emulated) and dropped.
 Measured per case: parameter bytes, bytes saved for backward (allocated after forward - before), peak allocated and
 peak reserved over forward+backward (torch.cuda.max_memory_{allocated,reserved} after a reset and empty_cache). An
 out-of-memory case is recorded as OOM and the sweep goes on; cases that would start past ``--budget-s`` are recorded
@@ -169,8 +170,8 @@ def sac_context():
 
 class Zero3:
     """FSDP-style parameter lifetime for a list of blocks: flat bf16 buffer per block, freed after its forward,
-    re-allocated before its backward (one block prefetched ahead both ways), fp32 grad shards (1/dp) filled as each
-    gradient is accumulated; the unsharded bf16 grad is dropped right after."""
+    re-allocated before its backward (one block prefetched ahead both ways); a block's bf16 grads are kept until all
+    are accumulated, then copied into one fp32 reduce-scatter input, folded into the 1/dp fp32 shard and dropped."""
 
     def __init__(self, blocks: list[Block], dp: int):
         self.blocks, self.dp, self.phase = blocks, dp, "fwd"
@@ -222,13 +223,19 @@ class Zero3:
 
     def _grad_hook(self, i):
         def hook(p):
-            g = p.grad.float().view(-1)  # reduce_dtype fp32
-            n = min(g.numel(), self.grad_shards[i].numel())
-            self.grad_shards[i][:n].add_(g[:n])  # reduce-scatter emulated: this rank's 1/dp
-            p.grad = None
             self.pending[i] -= 1
-            if self.pending[i] == 0:
+            if self.pending[i] == 0:  # FSDP2's post-backward: one fp32 reduce-scatter input for the whole block
+                ps = list(self.blocks[i].parameters())
+                flat32 = torch.empty(self.flat[i].numel(), dtype=torch.float32, device=DEV)  # reduce_dtype fp32
+                off = 0
+                for q in ps:
+                    flat32[off : off + q.numel()].copy_(q.grad.view(-1))
+                    off += q.numel()
+                    q.grad = None
+                self.grad_shards[i].add_(flat32[: self.grad_shards[i].numel()])  # this rank's 1/dp (emulated)
+                del flat32
                 self._free(i)
+                self.pending[i] = len(ps)
 
         return hook
 
