@@ -145,6 +145,8 @@ def practice_layout(
     tps = [t for t in (1, 2, 4, 8, 16) if t <= min(node, gpus) and tp_ok(model, t)]
     if model.num_params() >= 30e9 and gpus >= node and node in tps:
         tps = [node]
+    if plan.optimizer == "muon":  # whole matrices on every GPU (config/plan.py)
+        tps = [1]
     pps = [1] + [p for p in (2, 4, 8, 16, 32, 64) if p <= model.num_layers]
     cps = [1, 2, 4, 8, 16, 32]
     tried = None
