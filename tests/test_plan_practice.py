@@ -186,7 +186,9 @@ def _synthetic(factor: float) -> dict:
                 }
                 saved = factor * fitmod.predicted_saved(r)
                 resident = (r["param_bytes_per_layer"] * (3 if not z3 else 3 / 8 + 3 / 8 * 2)) + 1e8
-                peak = resident + saved + (3 * r["param_bytes_per_layer"] if not z3 else 0)
+                act = factor * fitmod.predicted_peak_activations(r)
+                extra = 1.25 * fitmod.predicted_zero3(r) if z3 else 3 * r["param_bytes_per_layer"]
+                peak = resident + act + extra
                 r.update(
                     saved_bytes=saved,
                     resident_bytes=resident,
@@ -211,6 +213,9 @@ def test_memory_fit_recovers_a_known_activation_factor(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     cal = json.loads(out.stdout.split("fit (median measured/predicted): `")[1].split("`")[0])
     assert cal["activations"] == {"none": 1.1, "selective": 1.1, "full": 1.1}
+    assert cal["zero3_transient"] == 1.25 and cal["reserve_fraction"] > 0
+    assert cal["within_10pct"]["zero3"] == 0.0  # 25% off as the formula stands
+    assert cal["within_10pct_after_fit"]["zero3"] == 1.0
     assert cal["cases"] == 12  # the OOM row is not fitted
     smoke = tmp_path / "smoke.json"
     smoke.write_text(json.dumps({"meta": {"smoke": True}, "records": []}))
