@@ -25,7 +25,8 @@ out-of-memory case is recorded as OOM and the sweep goes on; cases that would st
 as skipped (budget). Memory does not depend on timing, so each case runs once (after one small warm-up case).
 
 Device command (from the repo root of a checkout; writes plan_memory.json + plan_memory.md to $OUT, prints the table):
-    timeout 100 python scripts/repro/h200_plan_memory.py --out "$OUT" --budget-s 85
+    timeout 100 python3 scripts/repro/h200_plan_memory.py --out "$OUT" --budget-s 85
+(or from the carry folder: mkdir -p $OUT/i30 && timeout 100 python3 .device/i30/h200_plan_memory.py --out $OUT/i30 --budget-s 85)
 """
 
 from __future__ import annotations
