@@ -109,6 +109,15 @@ class TrainSetup:
     ns_steps: int = 5
     """Muon's Newton-Schulz iterations per step (torch.optim.Muon ns_steps)."""
     attention_kernel: str = "cudnn"
+    activation_layout: str = "sbh"
+    """Activation tensor layout: "sbh" (Megatron: sequence first, so the sequence-parallel all-gathers and
+    reduce-scatters of TP run on dim 0, contiguous) or "bsh" (torchtitan, HF: batch first; torch's functional
+    collectives on the sequence dim 1 add a chunk + cat copy of the whole gathered tensor to each, plan/train.py
+    ``tp_layout_copy_bytes``)."""
+    fp32_grad_accumulation: bool = False
+    """Weight-gradient GEMMs accumulate into fp32 main grads (Megatron's default in bf16: --accumulate-allreduce-
+    grads-in-fp32 with gradient_accumulation_fusion): each reads and writes 4 B per weight element per micro-batch
+    instead of writing 2 B (plan/train.py ``main_grad_bytes``)."""
     """Flash-attention kernel: "cudnn" (Transformer Engine, llm.c, PyTorch SDPA's default on Hopper in recent torch)
     or "fa2" (FlashAttention-2, PyTorch SDPA's flash backend); its rate curve is in plan/profile.py."""
 

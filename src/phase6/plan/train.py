@@ -265,10 +265,22 @@ class ComputeBreakdown:
     recompute_note: str = ""
     cp_merge_s: float = 0.0
     """Ring attention's per-step output merges (fp32 rescaling) and gradient accumulations (``cp_merge_bytes``)."""
+    tp_copy_s: float = 0.0
+    """Chunk + cat copies around the sequence-parallel collectives of a batch-first layout (``tp_layout_copy_bytes``)."""
+    main_grad_s: float = 0.0
+    """Weight-gradient GEMM outputs read and written in fp32 main grads (``main_grad_bytes``)."""
 
     @property
     def fwd_bwd_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.elementwise_s + self.loss_s + self.cp_merge_s
+        return (
+            self.gemm_s
+            + self.attention_s
+            + self.elementwise_s
+            + self.loss_s
+            + self.cp_merge_s
+            + self.tp_copy_s
+            + self.main_grad_s
+        )
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -278,6 +290,8 @@ class ComputeBreakdown:
             "loss_ms": 1e3 * self.loss_s,
             "optimizer_ms": 1e3 * self.optimizer_s,
             "cp_merge_ms": 1e3 * self.cp_merge_s,
+            "tp_copy_ms": 1e3 * self.tp_copy_s,
+            "main_grad_ms": 1e3 * self.main_grad_s,
         }
 
 
@@ -295,6 +309,51 @@ def cp_merge_bytes(model: ModelSpec, cp: int, tp: int, fwd_passes: int) -> float
         return 0.0
     q, k = model.q_dim, model.kv_dim
     return (cp - 1) * (fwd_passes * 38.0 * q + 10.0 * q + 20.0 * k) / tp
+
+
+def tp_collective_ops(setup: TrainSetup) -> tuple[int, int]:
+    """(sequence-parallel all-gathers + reduce-scatters per block and micro-batch, those a decomposed overlap fuses).
+
+    Forward: an all-gather before attention and before the MLP, a reduce-scatter after each (4); the backward mirrors
+    them (4); full AC reruns the forward's 4. Selective op-level AC (torchtitan's policy) saves every other matmul
+    output and the reduce-scatters' outputs, not the all-gathers' (torchtitan parallelize_llama ``_save_list``): the
+    recompute reruns the 2 all-gathers that feed the recomputed matmuls. An all-gather + reduce-scatter pair moves an
+    all-reduce's bytes. With ``tp_comm_overlap`` the forward and recompute collectives are fused with their GEMMs,
+    the backward's only with ``tp_overlap_backward``.
+    """
+    fwd_passes = 2 if setup.activation_checkpointing else 1
+    sac = 1 if (setup.selective_ac and not setup.activation_checkpointing) else 0
+    total = 4 * fwd_passes + 4 + 2 * sac
+    covered = 0
+    if setup.tp_comm_overlap:
+        covered = 4 * fwd_passes + 2 * sac + (4 if setup.tp_overlap_backward else 0)
+    return total, covered
+
+
+def tp_layout_copy_bytes(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup) -> float:
+    """HBM bytes per block and micro-batch that a batch-first ("bsh") layout adds around the sequence-parallel
+    collectives: torch's functional all_gather_tensor(gather_dim=1) gathers on dim 0 and then
+    torch.cat(torch.chunk(out, tp, dim=0), dim=1), and reduce_scatter_tensor(scatter_dim=1) first does
+    torch.cat(torch.chunk(x, tp, dim=1)) (torch/distributed/_functional_collectives.py; DTensor's Shard(1) <->
+    Replicate redistributions in torchtitan's sequence parallelism go through them): a read and a write of the whole
+    gathered tensor, mb x T/cp x h x 2 B, per collective. Megatron keeps activations sequence-first ("sbh") so its
+    collectives run on dim 0 without a copy. Collectives fused with their GEMM (``tp_comm_overlap``, AsyncTP's
+    pipelined all-gather-matmul) are taken as copy-free."""
+    if layout.tp <= 1 or setup.activation_layout != "bsh":
+        return 0.0
+    total, covered = tp_collective_ops(setup)
+    gathered = setup.micro_batch_size * setup.seq_len / layout.cp * model.hidden_size * 2
+    return (total - covered) * 2 * gathered
+
+
+def main_grad_bytes(weights: float) -> float:
+    """Extra HBM bytes per micro-batch when the weight-gradient GEMMs of ``weights`` weight elements accumulate into
+    fp32 main grads (Megatron's gradient_accumulation_fusion: a GEMM with beta = 1 and an fp32 C/D): read 4 B and
+    write 4 B per element instead of writing a 2 B bf16 gradient, 6 B more. cuBLAS's Hopper kernels write a tile's
+    output after that tile's main loop (the epilogue is not overlapped with it), so the traffic is priced at the HBM
+    rate on top of the GEMM's FLOPs; with K = one micro-batch's tokens (4096 in Megatron's table) it is ~1/4 of the
+    weight-gradient GEMM's time."""
+    return 6.0 * weights
 
 
 def compute_breakdown(
@@ -366,10 +425,16 @@ def compute_breakdown(
     loss = (16.0 if fused_loss else 40.0) * model.vocab_size * tokens_gpu / (tp * bw)
     fwd_passes = 2 if setup.activation_checkpointing else 1
     cp_merge = layers * cp_merge_bytes(model, layout.cp, tp, fwd_passes) * tokens_gpu / bw
-    first = first_gemm + attention + elem + cp_merge
-    last = last_gemm + attention + elem + loss + cp_merge
+    tp_copy = layers * m_steps * tp_layout_copy_bytes(model, layout, setup) / bw
+    body_grad = head_grad = 0.0
+    if setup.fp32_grad_accumulation:
+        body_grad = m_steps * main_grad_bytes(layers * layer_mm / tp) / bw
+        head_grad = m_steps * main_grad_bytes(head_mm / tp) / bw
+    first = first_gemm + attention + elem + cp_merge + tp_copy + body_grad
+    last = last_gemm + attention + elem + loss + cp_merge + tp_copy + body_grad + head_grad
+    main_grad = body_grad + head_grad
     if first > last:  # (only with a tiny vocab) report the first stage
-        last_gemm, loss = first_gemm, 0.0
+        last_gemm, loss, main_grad = first_gemm, 0.0, body_grad
     # AdamW on the local (ZeRO-sharded) fp32 states: read param, grad, m, v (16 B), write param, m, v, bf16 copy (14 B).
     local = (layers * model.layer_params() + model.embedding_params() + model.lm_head_params()) / tp
     if layout.pp == 1:
@@ -379,7 +444,7 @@ def compute_breakdown(
     # (With optimizer=muon the blocks' matrices keep one momentum buffer instead of two moments: the AdamW traffic
     # above still counts every parameter, a slight over-estimate; Newton-Schulz is added on top.)
     optimizer = 30.0 * local / bw + muon_seconds(model, layout, setup, profile)
-    return ComputeBreakdown(last_gemm, attention, elem, loss, optimizer, note, cp_merge)
+    return ComputeBreakdown(last_gemm, attention, elem, loss, optimizer, note, cp_merge, tp_copy, main_grad)
 
 
 def predict_train_step(
@@ -441,7 +506,8 @@ def predict_train_step(
 
     if tp > 1:  # 2 all-reduces per block forward + 2 backward (Megatron; with SP: AG + RS of the same volume)
         f = _group_fabric(profile, 1, tp)
-        n = layers * m * (2 * fwd_passes + 2)
+        ops, ops_covered = tp_collective_ops(setup)  # all-gathers + reduce-scatters; a pair = one all-reduce
+        n = layers * m * ops // 2
         t, algo = comm.all_reduce_time(act_bytes, tp, f)
         total = n * t
         if setup.tp_comm_overlap:
@@ -454,7 +520,7 @@ def predict_train_step(
             # the reduce-scatters take sums of matmuls, not one matmul (pytorch/pytorch#149946), and its authors
             # report ~20% forward but ~8% end-to-end speedup on Llama 3 70B (PyTorch dev-discuss, "Introducing Async
             # Tensor Parallelism in PyTorch", 2024).
-            n_cover = layers * m * (2 * fwd_passes + (2 if setup.tp_overlap_backward else 0))
+            n_cover = layers * m * ops_covered // 2
             covered = n_cover * t
             tail = covered / (2 * tp)
             window = gemm_per_layer_mb * layers * m * (covered / total)
@@ -464,7 +530,10 @@ def predict_train_step(
             )
         else:
             exposed = total
-            note = f"2/block fwd + 2 bwd{' + 2 recompute' if fwd_passes == 2 else ''}, not overlapped"
+            note = (
+                f"2/block fwd + 2 bwd{' + 2 recompute' if fwd_passes == 2 else ''}"
+                f"{' + 1 (selective AC reruns the all-gathers)' if ops % 4 else ''}, not overlapped"
+            )
         pred.comm.append(
             CommTerm(
                 "tp",
