@@ -337,13 +337,14 @@ def tp_layout_copy_bytes(model: ModelSpec, layout: ParallelLayout, setup: TrainS
     torch.cat(torch.chunk(x, tp, dim=1)) (torch/distributed/_functional_collectives.py; DTensor's Shard(1) <->
     Replicate redistributions in torchtitan's sequence parallelism go through them): a read and a write of the whole
     gathered tensor, mb x T/cp x h x 2 B, per collective. Megatron keeps activations sequence-first ("sbh") so its
-    collectives run on dim 0 without a copy. Collectives fused with their GEMM (``tp_comm_overlap``, AsyncTP's
-    pipelined all-gather-matmul) are taken as copy-free."""
+    collectives run on dim 0 without a copy. Collectives fused with their GEMM (torch AsyncTP) keep one: the fused
+    all-gather-matmul / matmul-reduce-scatter move the sequence dim to the front and back (movedim + flatten in
+    torch/distributed/_symmetric_memory ``_fused_all_gather_matmul_impl``), priced as the same copy."""
     if layout.tp <= 1 or setup.activation_layout != "bsh":
         return 0.0
-    total, covered = tp_collective_ops(setup)
+    total, _ = tp_collective_ops(setup)
     gathered = setup.micro_batch_size * setup.seq_len / layout.cp * model.hidden_size * 2
-    return (total - covered) * 2 * gathered
+    return total * 2 * gathered
 
 
 def main_grad_bytes(weights: float) -> float:
