@@ -431,11 +431,17 @@ def compute_breakdown(
     if setup.fp32_grad_accumulation:
         body_grad = m_steps * main_grad_bytes(layers * layer_mm / tp) / bw
         head_grad = m_steps * main_grad_bytes(head_mm / tp) / bw
-    first = first_gemm + attention + elem + cp_merge + tp_copy + body_grad
+    # The embedding's backward (not a GEMM) materializes a dense vocab x h gradient per micro-batch: torch's
+    # embedding_dense_backward zero-fills it (2 B per element; vocab-parallel over TP); with fp32 main grads it is then
+    # added into them (read 2 + 4, write 4: 10 B more). First pipeline stage only.
+    emb_grad = m_steps * (2.0 + (10.0 if setup.fp32_grad_accumulation else 0.0)) * model.embedding_params() / tp / bw
+    first = first_gemm + attention + elem + cp_merge + tp_copy + body_grad + emb_grad
     last = last_gemm + attention + elem + loss + cp_merge + tp_copy + body_grad + head_grad
-    main_grad = body_grad + head_grad
+    if layout.pp == 1:
+        last += emb_grad
+    main_grad = body_grad + head_grad + (emb_grad if layout.pp == 1 else 0.0)
     if first > last:  # (only with a tiny vocab) report the first stage
-        last_gemm, loss, main_grad = first_gemm, 0.0, body_grad
+        last_gemm, loss, main_grad = first_gemm, 0.0, body_grad + emb_grad
     # AdamW on the local (ZeRO-sharded) fp32 states: read param, grad, m, v (16 B), write param, m, v, bf16 copy (14 B).
     local = (layers * model.layer_params() + model.embedding_params() + model.lm_head_params()) / tp
     if layout.pp == 1:
@@ -445,6 +451,9 @@ def compute_breakdown(
     # (With optimizer=muon the blocks' matrices keep one momentum buffer instead of two moments: the AdamW traffic
     # above still counts every parameter, a slight over-estimate; Newton-Schulz is added on top.)
     optimizer = 30.0 * local / bw + muon_seconds(model, layout, setup, profile)
+    if setup.fp32_grad_accumulation:  # the fp32 main-grad buffer (full, not sharded by ZeRO-1/2) is zeroed every step
+        stage = (layers * model.layer_params() + model.embedding_params() + model.lm_head_params()) / tp
+        optimizer += 4.0 * (model.num_params() / tp if layout.pp == 1 else stage) / bw
     return ComputeBreakdown(last_gemm, attention, elem, loss, optimizer, note, cp_merge, tp_copy, main_grad)
 
 
