@@ -402,8 +402,13 @@ def compute_breakdown(
     attn_fwd = 0.5 * 4.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
     attn_rate = profile.attention_flops_at(setup.seq_len / layout.cp, setup.attention_kernel)
     attention = attn_fwd * (3.5 + (1.0 if attn_fwd_again else 0.0)) / (tp * attn_rate)
-    if layout.cp > 1:  # the cp-1 off-diagonal ring steps of every cp run at CP_RING_STEP_EFFICIENCY
-        attention *= 1.0 / layout.cp + (layout.cp - 1) / layout.cp / CP_RING_STEP_EFFICIENCY
+    if layout.cp > 1:
+        # The cp-1 off-diagonal ring steps run at CP_RING_STEP_EFFICIENCY of the kernel's rate at the length they
+        # see: load-balanced ring attention splits the sequence into 2·cp chunks and each off-diagonal step attends
+        # a half chunk (T/(2cp) queries to T/cp keys, or T/cp queries to T/(2cp) keys), so short sequences split
+        # far run at the short-length end of the kernel's curve (1K-token halves at T = 8K, cp = 4).
+        half = profile.attention_flops_at(setup.seq_len / (2 * layout.cp), setup.attention_kernel) / attn_rate
+        attention *= 1.0 / layout.cp + (layout.cp - 1) / layout.cp / (CP_RING_STEP_EFFICIENCY * half)
     bw = profile.stream_bytes_per_s
     per_layer_bytes = elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
     elem = elem_passes * layers * per_layer_bytes * tokens_gpu / (tp * bw)
