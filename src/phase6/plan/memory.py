@@ -131,12 +131,15 @@ class TrainSetup:
         return max(1, math.ceil(seqs / (layout.dp * self.micro_batch_size)))
 
 
-def zero_state_bytes(num_params: float, zero: int, shard: int) -> tuple[float, float, float]:
-    """(params, grads, optimizer) bytes per GPU for ``num_params`` under ZeRO ``zero`` over ``shard`` ranks."""
+def zero_state_bytes(
+    num_params: float, zero: int, shard: int, grad_bytes: int = GRAD_BYTES
+) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes per GPU for ``num_params`` under ZeRO ``zero`` over ``shard`` ranks
+    (``grad_bytes`` = 4 for fp32 main grads, Megatron's bf16 default)."""
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero stage must be 0, 1, 2 or 3, got {zero}")
     p = num_params * PARAM_BYTES / (shard if zero >= 3 else 1)
-    g = num_params * GRAD_BYTES / (shard if zero >= 2 else 1)
+    g = num_params * grad_bytes / (shard if zero >= 2 else 1)
     o = num_params * OPTIM_BYTES / (shard if zero >= 1 else 1)
     return p, g, o
 
@@ -250,8 +253,9 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
     for idx, (dense, expert) in enumerate(stage_params(model, layout.pp)):
         is_last = idx == 1
         dense_gpu, expert_gpu = dense / layout.tp, expert / (layout.tp * layout.ep)
-        pd, gd, od = zero_state_bytes(dense_gpu, setup.zero, dense_shard)
-        pe, ge, oe = zero_state_bytes(expert_gpu, setup.zero, expert_shard)
+        gb = 4 if setup.fp32_grad_accumulation else GRAD_BYTES
+        pd, gd, od = zero_state_bytes(dense_gpu, setup.zero, dense_shard, gb)
+        pe, ge, oe = zero_state_bytes(expert_gpu, setup.zero, expert_shard, gb)
         stage_inflight = 1.0 if (is_last and layout.pp > 1) else inflight
         if setup.activation_checkpointing:
             acts = layers * stage_inflight * checkpoint + per_layer  # checkpoints + one block being recomputed
