@@ -225,6 +225,16 @@ def explain(
                 f" TF) = {b.attention_s * 1e3:,.1f} ms",
                 f"  norms/activations/RoPE/residuals ({'fused' if s.fused_elementwise else 'eager'}) at HBM = "
                 f"{b.elementwise_s * 1e3:,.1f} ms",
+                *(
+                    [f"  CP ring output merges (fp32) at HBM = {b.cp_merge_s * 1e3:,.1f} ms"] if b.cp_merge_s else []
+                ),
+                *(
+                    [f"  TP collectives' chunk+cat copies (batch-first layout) at HBM = {b.tp_copy_s * 1e3:,.1f} ms"]
+                    if b.tp_copy_s
+                    else []
+                ),
+                f"  gradient buffers (embedding's dense grad{', fp32 main-grad read/write' if s.fp32_grad_accumulation else ''})"
+                f" at HBM = {b.main_grad_s * 1e3:,.1f} ms",
                 f"  loss (cross-entropy, {16 if (s.fused_elementwise if s.fused_loss is None else s.fused_loss) else 40} B"
                 f"/vocab entry) = {b.loss_s * 1e3:,.1f} ms; optimizer (AdamW, 30 B/local param) = "
                 f"{b.optimizer_s * 1e3:,.1f} ms",

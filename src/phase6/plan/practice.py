@@ -46,6 +46,16 @@ TERM_STATUS: dict[str, tuple[str, str]] = {
     "memory-bound kernels": (MEASURED, "HBM_EFFICIENCY 0.77 from this repo's H200 6A profile"),
     "loss": (MEASURED, "fused cross-entropy bytes matched this repo's H200 6A profile (34.1 vs 32 ms)"),
     "CP output merges": (DATASHEET, "bytes counted from torch's ring-attention merge at the HBM rate; never measured"),
+    "TP layout copies": (
+        DATASHEET,
+        "chunk+cat bytes counted from torch's functional collectives (batch-first layouts) at the measured HBM rate; "
+        "never timed",
+    ),
+    "gradient buffers": (
+        DATASHEET,
+        "fp32 main-grad read/write and the embedding's dense gradient, bytes counted at the measured HBM rate; never "
+        "timed",
+    ),
     "optimizer step": (
         MEASURED,
         "AdamW bytes at the measured HBM efficiency; Muon's Newton-Schulz rate measured on one H200",
@@ -96,6 +106,8 @@ def terms(p: StepPrediction) -> dict[str, float]:
         out["memory-bound kernels"] = b.elementwise_s
         out["loss"] = b.loss_s
         out["CP output merges"] = b.cp_merge_s
+        out["TP layout copies"] = b.tp_copy_s
+        out["gradient buffers"] = b.main_grad_s
     else:
         out["GEMM"] = p.compute_s
     out["optimizer step"] = p.optimizer_s

@@ -124,6 +124,7 @@ class CaseResult:
     """Rank among every legal layout of the GPUs (the row's ``fixed`` sizes ignored)."""
     within_tie_free: bool = False
     best_free: ParallelLayout | None = None
+    best_free_time_s: float = 0.0
 
     @property
     def predicted_tps(self) -> float:
@@ -155,6 +156,9 @@ class CaseResult:
             "rank_free": self.rank_free,
             "planner_top_free": _fmt(self.best_free) if self.best_free else "-",
             "within_tie_free": self.within_tie_free,
+            "published_vs_top_free_pct": round(100 * (p.step_time_s / self.best_free_time_s - 1), 1)
+            if self.best_free_time_s
+            else None,
             "dominant": p.dominant(),
             "source": source_label(self.case),
         }
@@ -221,6 +225,7 @@ def run_case(case: Case) -> CaseResult:
         rank_free=rank_free,
         within_tie_free=tie_free,
         best_free=top_free.layout,
+        best_free_time_s=top_free.step_time_s,
     )
 
 
