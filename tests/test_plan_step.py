@@ -282,3 +282,9 @@ def test_cp_off_diagonal_steps_run_at_the_half_chunk_rate() -> None:
     local, half = r(2048, "fa2"), r(1024, "fa2")  # local length T/cp, half chunk T/(2cp)
     expected = one * r(8192, "fa2") / local * (1 / 4 + 3 / 4 * local / (half * CP_RING_STEP_EFFICIENCY))
     assert cp4 == pytest.approx(expected)
+
+
+def test_bad_activation_layout_is_one_line() -> None:
+    with pytest.raises(ValueError, match="activation_layout: must be sbh or bsh") as e:
+        TrainSetup(4096, 4096, activation_layout="bhs")
+    assert "\n" not in str(e.value)

@@ -118,6 +118,12 @@ class PlanConfig:
     """Norms, activations, RoPE fused (torch.compile / TE); false = eager PyTorch (more HBM traffic)."""
     tp_comm_overlap: bool = False
     """TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."""
+    activation_layout: str = "sbh"
+    """sbh (Megatron: sequence-first activations, TP's sequence-parallel collectives on dim 0) | bsh (torchtitan, HF:
+    batch-first; each such collective adds a copy of the gathered tensor, docs/cost_model.md §9)."""
+    fp32_grad_accumulation: bool = False
+    """Gradients accumulated and reduced in fp32 main grads (Megatron's bf16 default): 4 B/param of grads and the
+    weight-gradient GEMMs read + write fp32 (docs/cost_model.md §9)."""
     optimizer: str = "adamw"
     """adamw | muon (6A's optim=muon: torch.optim.Muon on the blocks' matrices, whole matrices on every rank, so only
     layouts with tp=1 and zero=0 are legal; its Newton-Schulz time is part of the optimizer step)."""
@@ -167,6 +173,11 @@ class PlanConfig:
                 "plan.zero",
                 f"optimizer=muon keeps Muon's state whole on each rank (zero=0, DDP), got {self.zero}",
             )
+        require(
+            self.activation_layout in ("sbh", "bsh"),
+            "plan.activation_layout",
+            f"must be sbh or bsh, got {self.activation_layout!r}",
+        )
         require(self.output in OUTPUTS, "plan.output", f"must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
         require(
             self.context_len is None or self.context_len >= 1,

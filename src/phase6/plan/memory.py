@@ -121,6 +121,10 @@ class TrainSetup:
     """Flash-attention kernel: "cudnn" (Transformer Engine, llm.c, PyTorch SDPA's default on Hopper in recent torch)
     or "fa2" (FlashAttention-2, PyTorch SDPA's flash backend); its rate curve is in plan/profile.py."""
 
+    def __post_init__(self) -> None:
+        if self.activation_layout not in ("sbh", "bsh"):
+            raise ValueError(f"activation_layout: must be sbh or bsh, got {self.activation_layout!r}")
+
     @property
     def ac_mode(self) -> str:
         return "full" if self.activation_checkpointing else ("selective" if self.selective_ac else "none")

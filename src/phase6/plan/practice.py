@@ -136,6 +136,8 @@ def _setup(plan: PlanConfig, ac: str, pp: int, model: ModelSpec, lay: ParallelLa
         fp8=plan.fp8,
         fused_elementwise=plan.fused_elementwise,
         tp_comm_overlap=plan.tp_comm_overlap,
+        activation_layout=plan.activation_layout,
+        fp32_grad_accumulation=plan.fp32_grad_accumulation,
         optimizer=plan.optimizer,
     )
 

@@ -201,6 +201,8 @@ def train_candidates(
             fp8=plan.fp8,
             fused_elementwise=plan.fused_elementwise,
             tp_comm_overlap=plan.tp_comm_overlap,
+            activation_layout=plan.activation_layout,
+            fp32_grad_accumulation=plan.fp32_grad_accumulation,
             optimizer=plan.optimizer,
         )
         out.append(predict_train_step(model, lay, setup, profile, mfu, plan.efficiency.runtime_overhead_gib))
