@@ -350,10 +350,10 @@ def tp_layout_copy_bytes(model: ModelSpec, layout: ParallelLayout, setup: TrainS
 def main_grad_bytes(weights: float) -> float:
     """Extra HBM bytes per micro-batch when the weight-gradient GEMMs of ``weights`` weight elements accumulate into
     fp32 main grads (Megatron's gradient_accumulation_fusion: a GEMM with beta = 1 and an fp32 C/D): read 4 B and
-    write 4 B per element instead of writing a 2 B bf16 gradient, 6 B more. cuBLAS's Hopper kernels write a tile's
-    output after that tile's main loop (the epilogue is not overlapped with it), so the traffic is priced at the HBM
-    rate on top of the GEMM's FLOPs; with K = one micro-batch's tokens (4096 in Megatron's table) it is ~1/4 of the
-    weight-gradient GEMM's time."""
+    write 4 B per element instead of writing a 2 B bf16 gradient, 6 B more. A tile's epilogue (read C, write D) runs
+    after that tile's main loop in cuBLAS's cooperative Hopper kernels, so the traffic is priced at the HBM rate on
+    top of the GEMM's FLOPs (an upper estimate: ping-pong kernels hide part of it); with K = one micro-batch's
+    tokens (4096 in Megatron's table) it adds ~1/5 to the weight-gradient GEMM's time."""
     return 6.0 * weights
 
 
