@@ -253,7 +253,9 @@ def test_batch_first_layout_copies_the_gathered_tensor_per_collective() -> None:
     assert bsh.breakdown.tp_copy_s == pytest.approx(expected)
     assert bsh.step_time_s > sbh.step_time_s
     # no TP, no copy
-    dp = predict_train_step(m, ParallelLayout(dp=8), TrainSetup(8192, 16 * 8192, 2, zero=1, activation_layout="bsh"), PROFILE)
+    dp = predict_train_step(
+        m, ParallelLayout(dp=8), TrainSetup(8192, 16 * 8192, 2, zero=1, activation_layout="bsh"), PROFILE
+    )
     assert dp.breakdown.tp_copy_s == 0.0
 
 

@@ -225,9 +225,7 @@ def explain(
                 f" TF) = {b.attention_s * 1e3:,.1f} ms",
                 f"  norms/activations/RoPE/residuals ({'fused' if s.fused_elementwise else 'eager'}) at HBM = "
                 f"{b.elementwise_s * 1e3:,.1f} ms",
-                *(
-                    [f"  CP ring output merges (fp32) at HBM = {b.cp_merge_s * 1e3:,.1f} ms"] if b.cp_merge_s else []
-                ),
+                *([f"  CP ring output merges (fp32) at HBM = {b.cp_merge_s * 1e3:,.1f} ms"] if b.cp_merge_s else []),
                 *(
                     [f"  TP collectives' chunk+cat copies (batch-first layout) at HBM = {b.tp_copy_s * 1e3:,.1f} ms"]
                     if b.tp_copy_s
