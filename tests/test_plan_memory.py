@@ -150,3 +150,17 @@ def test_serving_reserve_grows_with_context_up_to_the_chunk() -> None:
     assert over[2] == pytest.approx(over[1] + (8192 - 4096) * 2 * (3 * 14336 + 4 * 4096))  # capped at the chunk
     flat = serve_memory(m, 1, 1, 32768, 80.0, 0.9, 1.0)
     assert flat.overhead_bytes == 1.0 * GIB  # max_num_batched_tokens=0: the fixed reserve only
+
+
+def test_fp32_main_grads_hold_4_bytes_per_param() -> None:
+    import dataclasses
+
+    from phase6.plan.memory import ParallelLayout, TrainSetup, train_memory
+    from phase6.plan.model import resolve_model
+
+    m = resolve_model("llama3.1-8b")
+    base = TrainSetup(4096, 8 * 4096, zero=1)
+    lay = ParallelLayout(dp=8)
+    bf16 = train_memory(m, lay, base)
+    fp32 = train_memory(m, lay, dataclasses.replace(base, fp32_grad_accumulation=True))
+    assert fp32.grads == 2 * bf16.grads and fp32.params == bf16.params and fp32.optimizer == bf16.optimizer

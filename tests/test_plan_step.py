@@ -125,7 +125,10 @@ def test_kernel_level_compute_counts_each_part_once() -> None:
     # causal half of the forward's 4LHQT, backward 2.5 forwards (FlashAttention's convention), cuDNN's rate at 4K
     attn = 0.5 * 4 * 32 * 32 * 128 * 4096 * tokens * 3.5 / PROFILE.attention_flops_at(4096, "cudnn")
     assert b.attention_s == pytest.approx(attn)
-    assert p.compute_s == pytest.approx(b.gemm_s + b.attention_s + b.elementwise_s + b.loss_s)
+    # the embedding's dense vocab x h gradient, zero-filled once per micro-batch (bf16, no fp32 main grads here)
+    assert b.main_grad_s == pytest.approx(2.0 * m.embedding_params() / PROFILE.stream_bytes_per_s)
+    assert b.tp_copy_s == 0.0 and b.cp_merge_s == 0.0
+    assert p.compute_s == pytest.approx(b.gemm_s + b.attention_s + b.elementwise_s + b.loss_s + b.main_grad_s)
     assert p.step_time_s == pytest.approx(p.compute_s + p.bubble_s + p.comm_exposed_s + b.optimizer_s + p.overlap_s)
     # the FSDP traffic hidden on NVLink slows the compute beside it by 18.9% of its length / 1.189
     assert p.overlap_s == pytest.approx(p.comm_hidden_s * 0.189 / 1.189)
@@ -220,3 +223,70 @@ def test_unfused_cross_entropy_moves_40_bytes_per_vocab_entry() -> None:
     assert eager.breakdown.loss_s == pytest.approx(fused.loss_s * 40 / 16)  # follows fused_elementwise by default
     assert megatron.breakdown.loss_s == pytest.approx(eager.breakdown.loss_s)  # fused norms, unfused CE
     assert megatron.breakdown.elementwise_s == pytest.approx(fused.elementwise_s)
+
+
+def test_selective_ac_with_tp_reruns_the_all_gathers() -> None:
+    # torchtitan's op SAC saves reduce-scatter outputs, not all-gather outputs: the recompute reruns the 2 all-gathers
+    # of each block (one all-reduce's bytes), so 5 all-reduce equivalents per block and micro-batch instead of 4.
+    m = resolve_model("llama3.1-8b")
+    lay = ParallelLayout(dp=1, tp=8)
+    none = predict_train_step(m, lay, TrainSetup(8192, 8192, zero=1), PROFILE)
+    sac = predict_train_step(m, lay, TrainSetup(8192, 8192, zero=1, selective_ac=True), PROFILE)
+    tp_none = next(c for c in none.comm if c.dim == "tp")
+    tp_sac = next(c for c in sac.comm if c.dim == "tp")
+    assert tp_none.count == 32 * 4 and tp_sac.count == 32 * 5
+    assert tp_sac.time_s == pytest.approx(tp_none.time_s * 5 / 4)
+    assert "reruns the all-gathers" in tp_sac.note
+
+
+def test_batch_first_layout_copies_the_gathered_tensor_per_collective() -> None:
+    m = resolve_model("llama3.1-8b")
+    lay = ParallelLayout(dp=1, tp=8)
+    sbh = predict_train_step(m, lay, TrainSetup(8192, 2 * 8192, micro_batch_size=2, zero=1), PROFILE)
+    bsh = predict_train_step(
+        m, lay, TrainSetup(8192, 2 * 8192, micro_batch_size=2, zero=1, activation_layout="bsh"), PROFILE
+    )
+    assert sbh.breakdown.tp_copy_s == 0.0
+    gathered = 2 * 8192 * 4096 * 2  # mb x T x h x bf16, the whole gathered tensor
+    # 8 all-gathers + reduce-scatters per block (4 forward, 4 backward), each a read + a write of it
+    expected = 32 * 8 * 2 * gathered / PROFILE.stream_bytes_per_s
+    assert bsh.breakdown.tp_copy_s == pytest.approx(expected)
+    assert bsh.step_time_s > sbh.step_time_s
+    # no TP, no copy
+    dp = predict_train_step(
+        m, ParallelLayout(dp=8), TrainSetup(8192, 16 * 8192, 2, zero=1, activation_layout="bsh"), PROFILE
+    )
+    assert dp.breakdown.tp_copy_s == 0.0
+
+
+def test_fp32_main_grads_add_the_wgrad_read_write_and_the_zeroing() -> None:
+    m = resolve_model("llama3.1-8b")
+    lay = ParallelLayout(dp=8)
+    base = TrainSetup(4096, 8 * 4 * 4096, zero=1)  # 4 micro-batches per rank
+    plain = predict_train_step(m, lay, base, PROFILE)
+    fp32 = predict_train_step(m, lay, dataclasses.replace(base, fp32_grad_accumulation=True), PROFILE)
+    bw = PROFILE.stream_bytes_per_s
+    matmul = m.num_matmul_params()  # body + head weight elements (the head is untied)
+    emb = m.embedding_params()
+    assert plain.breakdown.main_grad_s == pytest.approx(4 * 2.0 * emb / bw)
+    assert fp32.breakdown.main_grad_s == pytest.approx(4 * (6.0 * matmul + 12.0 * emb) / bw)
+    assert fp32.optimizer_s - plain.optimizer_s == pytest.approx(4.0 * m.num_params() / bw)
+
+
+def test_cp_off_diagonal_steps_run_at_the_half_chunk_rate() -> None:
+    from phase6.plan.train import CP_RING_STEP_EFFICIENCY
+
+    m = resolve_model("llama3.1-8b")
+    setup = TrainSetup(8192, 8 * 8192, zero=3, attention_kernel="fa2")
+    one = predict_train_step(m, ParallelLayout(dp=8), setup, PROFILE).breakdown.attention_s
+    cp4 = predict_train_step(m, ParallelLayout(dp=2, cp=4), setup, PROFILE).breakdown.attention_s
+    r = PROFILE.attention_flops_at
+    local, half = r(2048, "fa2"), r(1024, "fa2")  # local length T/cp, half chunk T/(2cp)
+    expected = one * r(8192, "fa2") / local * (1 / 4 + 3 / 4 * local / (half * CP_RING_STEP_EFFICIENCY))
+    assert cp4 == pytest.approx(expected)
+
+
+def test_bad_activation_layout_is_one_line() -> None:
+    with pytest.raises(ValueError, match="activation_layout: must be sbh or bsh") as e:
+        TrainSetup(4096, 4096, activation_layout="bhs")
+    assert "\n" not in str(e.value)

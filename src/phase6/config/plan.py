@@ -16,7 +16,7 @@ from typing import Any
 from phase6.config import HardwareConfig, LoggerConfig, RunConfig, require
 
 WORKLOADS = ("serve", "train")
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+PP_SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved", "zero_bubble")
 AC_MODES = ("auto", "none", "selective", "full")
 OUTPUTS = ("table", "json", "explain")
 
@@ -39,7 +39,10 @@ class EfficiencyConfig:
     """Fraction of HBM the engine may use (vLLM --gpu-memory-utilization default 0.9)."""
     runtime_overhead_gib: float = 1.5
     """Per-GPU memory outside weights/KV/activations we model: CUDA context (~0.5 GiB), NCCL buffers, CUDA graphs,
-    allocator fragmentation. Serving adds the activations of one prefill chunk of min(context_len,
+    allocator fragmentation. Measured for serving (issue 30): vLLM 0.26 serving Qwen2.5-14B on one H200 at
+    gpu_memory_utilization 0.9 logged 96.4 GiB of KV cache, i.e. a reserve of 126.36 - 27.51 - 96.4 = 2.45 GiB, which
+    this 1.5 + the 8192-token activation term (0.95 GiB) reproduces to 0.005 GiB (python -m phase6.plan.serve_reserve
+    turns a vLLM log into this number; its CUDA graphs, 0.89 GiB, sit outside the 0.9 budget). Serving adds the activations of one prefill chunk of min(context_len,
     max_num_batched_tokens) tokens on top (phase6.plan.memory.serve_memory)."""
     max_num_batched_tokens: int = 8192
     """Serving: tokens one engine step may process (vLLM --max-num-batched-tokens, chunked prefill); its forward's
@@ -115,13 +118,21 @@ class PlanConfig:
     """Norms, activations, RoPE fused (torch.compile / TE); false = eager PyTorch (more HBM traffic)."""
     tp_comm_overlap: bool = False
     """TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."""
+    activation_layout: str = "sbh"
+    """sbh (Megatron: sequence-first activations, TP's sequence-parallel collectives on dim 0) | bsh (torchtitan, HF:
+    batch-first; each such collective adds a copy of the gathered tensor, docs/cost_model.md §9)."""
+    fp32_grad_accumulation: bool = False
+    """Gradients accumulated and reduced in fp32 main grads (Megatron's bf16 default): 4 B/param of grads and the
+    weight-gradient GEMMs read + write fp32 (docs/cost_model.md §9)."""
     optimizer: str = "adamw"
     """adamw | muon (6A's optim=muon: torch.optim.Muon on the blocks' matrices, whole matrices on every rank, so only
     layouts with tp=1 and zero=0 are legal; its Newton-Schulz time is part of the optimizer step)."""
-    pp_schedule: str = "1f1b"
-    """gpipe | 1f1b | interleaved | zero_bubble (ZB-H1)."""
+    pp_schedule: str = "auto"
+    """auto | gpipe | 1f1b | interleaved | zero_bubble (ZB-H1). auto (default) searches 1F1B, interleaved with
+    v = 2, 4, 8 virtual stages and ZB-H1 for every layout with PP > 1 (``recommend.SEARCHED_SCHEDULES``); each
+    candidate reports the schedule it was ranked with."""
     virtual_stages: int = 2
-    """Model chunks per pipeline rank for the interleaved schedule."""
+    """Model chunks per pipeline rank for the interleaved schedule (when pp_schedule=interleaved)."""
     grad_reduce_bytes: int = 4
     """Bytes per gradient element on the wire: 4 = fp32 reduce (torchtitan MixedPrecisionPolicy default, DDP on
     fp32 params), 2 = bf16."""
@@ -162,6 +173,11 @@ class PlanConfig:
                 "plan.zero",
                 f"optimizer=muon keeps Muon's state whole on each rank (zero=0, DDP), got {self.zero}",
             )
+        require(
+            self.activation_layout in ("sbh", "bsh"),
+            "plan.activation_layout",
+            f"must be sbh or bsh, got {self.activation_layout!r}",
+        )
         require(self.output in OUTPUTS, "plan.output", f"must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
         require(
             self.context_len is None or self.context_len >= 1,

@@ -19,7 +19,7 @@ from typing import Any
 from phase6 import metrics
 from phase6.config.plan import PlanRunConfig
 from phase6.cost import gpu_hours, usd
-from phase6.plan import comm
+from phase6.plan import comm, practice
 from phase6.plan.memory import GIB
 from phase6.plan.model import ModelSpec, resolve_model
 from phase6.plan.profile import HardwareProfile, build_profile
@@ -134,6 +134,7 @@ def build_result(cfg: PlanRunConfig) -> tuple[dict[str, Any], Recommendation, Mo
             "step_time_s": best.step_time_s,
             "tokens_per_s": best.tokens_per_s,
         }
+        result["practice"] = practice.summary(practice.compare(best, spec, cfg.gpus, cfg.plan, profile))
         result["cost"] = {
             "train_tokens": tokens,
             "hours": seconds / 3600,
@@ -183,6 +184,15 @@ def explain(
         lines.append("## No layout fits")
         for c in rec.rejected:
             lines.append(f"- {c.layout}: {c.memory_gib_per_gpu:,.1f} GiB/GPU; {c.reason}")
+        if cfg.workload == "train":
+            _, rule = practice.practice_layout(spec, cfg.gpus, cfg.plan, profile)
+            mst, mback = practice.memory_status()
+            lines += [
+                "",
+                "## Practice layout beside the #1",
+                f"practice rule: {rule}",
+                f"deciding term: memory, validation: {mst} ({mback})",
+            ]
         return "\n".join(lines)
     top = rec.candidates[0]
     lines.append(f"## Best layout: {top.layout}")
@@ -215,6 +225,14 @@ def explain(
                 f" TF) = {b.attention_s * 1e3:,.1f} ms",
                 f"  norms/activations/RoPE/residuals ({'fused' if s.fused_elementwise else 'eager'}) at HBM = "
                 f"{b.elementwise_s * 1e3:,.1f} ms",
+                *([f"  CP ring output merges (fp32) at HBM = {b.cp_merge_s * 1e3:,.1f} ms"] if b.cp_merge_s else []),
+                *(
+                    [f"  TP collectives' chunk+cat copies (batch-first layout) at HBM = {b.tp_copy_s * 1e3:,.1f} ms"]
+                    if b.tp_copy_s
+                    else []
+                ),
+                f"  gradient buffers (embedding's dense grad{', fp32 main-grad read/write' if s.fp32_grad_accumulation else ''})"
+                f" at HBM = {b.main_grad_s * 1e3:,.1f} ms",
                 f"  loss (cross-entropy, {16 if (s.fused_elementwise if s.fused_loss is None else s.fused_loss) else 40} B"
                 f"/vocab entry) = {b.loss_s * 1e3:,.1f} ms; optimizer (AdamW, 30 B/local param) = "
                 f"{b.optimizer_s * 1e3:,.1f} ms",
@@ -228,7 +246,8 @@ def explain(
             )
         if p.bubble_s:
             lines.append(
-                f"bubble ({s.pp_schedule}) = compute * {p.bubble_s / p.compute_s:.3f} = {p.bubble_s * 1e3:,.1f} ms"
+                f"bubble ({top.extra.get('pp_schedule', s.pp_schedule)}) = compute * {p.bubble_s / p.compute_s:.3f} = "
+                f"{p.bubble_s * 1e3:,.1f} ms"
             )
         lines.append("communication per step per GPU:")
         for c in p.comm:
@@ -247,6 +266,8 @@ def explain(
             f"step = compute + bubble + exposed comm + optimizer + overlap slowdown = {p.step_time_s * 1e3:,.1f} ms -> "
             f"{p.tokens_per_s:,.0f} tok/s, MFU {100 * p.mfu(profile.peak_flops):.1f}%"
         ]
+        cmp = practice.compare(p, spec, cfg.gpus, cfg.plan, profile)
+        lines += ["", *cmp.lines(p), ""]
         lines.append(
             f"why this layout: fastest predicted step, except that layouts within {100 * TIE_TOLERANCE:.0f}% of the "
             "fastest count as ties (the model's error on published runs is larger, `phase6 plan validate`) and the "
@@ -301,6 +322,8 @@ def explain(
                 f"tree beats ring below {comm.tree_ring_crossover_bytes(lay.tp, f) / 2**20:.2f} MiB on "
                 f"{lay.tp} ranks ({f.name})"
             )
+    if cfg.workload != "train":
+        lines += ["", *practice.serve_lines(rec, spec, cfg.gpus, cfg.plan, profile)]
     lines += ["", "## Ranked"]
     for i, c in enumerate(rec.candidates, 1):
         lines.append(
@@ -331,6 +354,7 @@ def print_table(result: dict[str, Any], rec: Recommendation) -> None:
             "pp": c.layout.pp,
             "ep": c.layout.ep,
             "cp": c.layout.cp,
+            **({"schedule": c.extra["pp_schedule"]} if "pp_schedule" in c.extra else {}),
             "GiB/GPU": f"{c.memory_gib_per_gpu:.1f}",
             key: f"{c.time_value:.4g}",
             "tok/s": f"{c.extra.get('tokens_per_s', 0):,.0f}",

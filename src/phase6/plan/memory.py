@@ -9,14 +9,42 @@ gated MLPs; with sequence parallelism every term divides by TP, and flash attent
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
 
 from phase6.plan.model import ModelSpec
 
 GIB = 2**30
 # ZeRO's byte split of mixed-precision Adam: bf16 param, bf16 grad, fp32 master + m + v (arXiv 1910.02054 §3.1).
 PARAM_BYTES, GRAD_BYTES, OPTIM_BYTES = 2, 2, 12
+# Per-term factors measured on a GPU (scripts/repro/h200_plan_memory.py on one H200, fitted by
+# scripts/repro/plan_memory_fit.py, which writes this file): {"source", "activations": {none|selective|full: measured
+# / formula}, "zero3_transient": measured / formula, "reserve_fraction": (peak reserved - peak allocated) / dynamic
+# bytes}. Absent = the formulas alone (what `phase6 plan --explain` then calls "formula only, never measured").
+MEMORY_CALIBRATION_PATH = Path(__file__).with_name("memory_calibration.json")
+
+
+@lru_cache(maxsize=4)
+def _load_calibration(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    for key in ("source", "activations", "zero3_transient", "reserve_fraction"):
+        if key not in data:
+            raise ValueError(f"{p}: missing key {key!r} (written by scripts/repro/plan_memory_fit.py)")
+    return data
+
+
+def memory_calibration() -> dict:
+    """The GPU-measured memory factors, or {} when none were fitted yet."""
+    return _load_calibration(str(MEMORY_CALIBRATION_PATH))
 
 
 @dataclass(frozen=True)
@@ -81,8 +109,21 @@ class TrainSetup:
     ns_steps: int = 5
     """Muon's Newton-Schulz iterations per step (torch.optim.Muon ns_steps)."""
     attention_kernel: str = "cudnn"
+    activation_layout: str = "sbh"
+    """Activation tensor layout: "sbh" (Megatron: sequence first, so the sequence-parallel all-gathers and
+    reduce-scatters of TP run on dim 0, contiguous) or "bsh" (torchtitan, HF: batch first; torch's functional
+    collectives on the sequence dim 1 add a chunk + cat copy of the whole gathered tensor to each, plan/train.py
+    ``tp_layout_copy_bytes``)."""
+    fp32_grad_accumulation: bool = False
+    """Weight-gradient GEMMs accumulate into fp32 main grads (Megatron's default in bf16: --accumulate-allreduce-
+    grads-in-fp32 with gradient_accumulation_fusion): each reads and writes 4 B per weight element per micro-batch
+    instead of writing 2 B (plan/train.py ``main_grad_bytes``)."""
     """Flash-attention kernel: "cudnn" (Transformer Engine, llm.c, PyTorch SDPA's default on Hopper in recent torch)
     or "fa2" (FlashAttention-2, PyTorch SDPA's flash backend); its rate curve is in plan/profile.py."""
+
+    def __post_init__(self) -> None:
+        if self.activation_layout not in ("sbh", "bsh"):
+            raise ValueError(f"activation_layout: must be sbh or bsh, got {self.activation_layout!r}")
 
     @property
     def ac_mode(self) -> str:
@@ -94,12 +135,15 @@ class TrainSetup:
         return max(1, math.ceil(seqs / (layout.dp * self.micro_batch_size)))
 
 
-def zero_state_bytes(num_params: float, zero: int, shard: int) -> tuple[float, float, float]:
-    """(params, grads, optimizer) bytes per GPU for ``num_params`` under ZeRO ``zero`` over ``shard`` ranks."""
+def zero_state_bytes(
+    num_params: float, zero: int, shard: int, grad_bytes: int = GRAD_BYTES
+) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes per GPU for ``num_params`` under ZeRO ``zero`` over ``shard`` ranks
+    (``grad_bytes`` = 4 for fp32 main grads, Megatron's bf16 default)."""
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero stage must be 0, 1, 2 or 3, got {zero}")
     p = num_params * PARAM_BYTES / (shard if zero >= 3 else 1)
-    g = num_params * GRAD_BYTES / (shard if zero >= 2 else 1)
+    g = num_params * grad_bytes / (shard if zero >= 2 else 1)
     o = num_params * OPTIM_BYTES / (shard if zero >= 1 else 1)
     return p, g, o
 
@@ -213,8 +257,9 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
     for idx, (dense, expert) in enumerate(stage_params(model, layout.pp)):
         is_last = idx == 1
         dense_gpu, expert_gpu = dense / layout.tp, expert / (layout.tp * layout.ep)
-        pd, gd, od = zero_state_bytes(dense_gpu, setup.zero, dense_shard)
-        pe, ge, oe = zero_state_bytes(expert_gpu, setup.zero, expert_shard)
+        gb = 4 if setup.fp32_grad_accumulation else GRAD_BYTES
+        pd, gd, od = zero_state_bytes(dense_gpu, setup.zero, dense_shard, gb)
+        pe, ge, oe = zero_state_bytes(expert_gpu, setup.zero, expert_shard, gb)
         stage_inflight = 1.0 if (is_last and layout.pp > 1) else inflight
         if setup.activation_checkpointing:
             acts = layers * stage_inflight * checkpoint + per_layer  # checkpoints + one block being recomputed
@@ -236,6 +281,11 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
             transient = (dense_gpu + expert_gpu) * (PARAM_BYTES + setup.grad_reduce_bytes)
         elif setup.zero >= 3:  # two gathered bf16 blocks (current + prefetched) and one block's unsharded grads
             transient = layer_gpu * (2 * PARAM_BYTES + setup.grad_reduce_bytes)
+        cal = memory_calibration()
+        if cal:
+            acts *= float(cal["activations"].get(setup.ac_mode, 1.0))
+            transient *= float(cal["zero3_transient"]) if setup.zero >= 3 else 1.0
+            transient += float(cal["reserve_fraction"]) * (acts + logits + transient)  # allocator reserve
         mem = TrainMemory(
             params=pd + pe,
             grads=gd + ge,

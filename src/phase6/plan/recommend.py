@@ -138,6 +138,44 @@ class Recommendation:
 
 
 # ---- training ------------------------------------------------------------------------------------------------------
+# Pipeline schedules `plan.pp_schedule=auto` (the default) tries for every layout with PP > 1: 1F1B, interleaved 1F1B
+# with 2, 4 and 8 model chunks per rank (Narayanan et al. 2021; Megatron --num-layers-per-virtual-pipeline-stage,
+# torchtitan Interleaved1F1B), and ZB-H1 (Qi et al. 2023, torchtitan ZBVZeroBubble's ancestor), whose bubble
+# (p-1)/(3m) the planner models. GPipe is never faster than 1F1B at more memory, so it is only used when asked for.
+SEARCHED_SCHEDULES: tuple[tuple[str, int], ...] = (
+    ("1f1b", 1),
+    ("interleaved", 2),
+    ("interleaved", 4),
+    ("interleaved", 8),
+    ("zero_bubble", 1),
+)
+
+
+def schedules(model: ModelSpec, lay: ParallelLayout, plan: PlanConfig) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) to try for ``lay``: the configured one, or with ``auto`` every searched schedule
+    that is legal here: interleaving needs at least one layer per model chunk (layers >= pp * v) and a micro-batch
+    count that is a multiple of pp (Megatron's condition), computed for ``plan``'s batch."""
+    if lay.pp == 1:
+        return [("1f1b", 1)]
+    if plan.pp_schedule != "auto":
+        return [(plan.pp_schedule, plan.virtual_stages)]
+    seqs = plan.global_batch_tokens / plan.seq_len
+    m = max(1, -(-int(seqs) // (lay.dp * plan.micro_batch_size)))
+    out = []
+    for name, v in SEARCHED_SCHEDULES:
+        if name == "interleaved" and (model.num_layers < lay.pp * v or m % lay.pp):
+            continue
+        out.append((name, v))
+    return out
+
+
+def schedule_label(setup: TrainSetup, pp: int) -> str:
+    """The schedule a candidate was ranked with: "-" without PP, "interleaved v=4", "1f1b", ..."""
+    if pp == 1:
+        return "-"
+    return f"interleaved v={setup.virtual_stages}" if setup.pp_schedule == "interleaved" else setup.pp_schedule
+
+
 def train_candidates(
     model: ModelSpec, lay: ParallelLayout, plan: PlanConfig, profile: HardwareProfile, mfu: float
 ) -> list[StepPrediction]:
@@ -149,7 +187,7 @@ def train_candidates(
         "auto": ["none", "selective", "full"],
     }[plan.activation_checkpointing]
     out = []
-    for zero, ac in itertools.product(zeros, acs):
+    for zero, ac, (sched, v) in itertools.product(zeros, acs, schedules(model, lay, plan)):
         setup = TrainSetup(
             seq_len=plan.seq_len,
             global_batch_tokens=plan.global_batch_tokens,
@@ -157,12 +195,14 @@ def train_candidates(
             zero=zero,
             activation_checkpointing=ac == "full",
             selective_ac=ac == "selective",
-            pp_schedule=plan.pp_schedule,
-            virtual_stages=plan.virtual_stages,
+            pp_schedule=sched,
+            virtual_stages=v if sched == "interleaved" else plan.virtual_stages,
             grad_reduce_bytes=plan.grad_reduce_bytes,
             fp8=plan.fp8,
             fused_elementwise=plan.fused_elementwise,
             tp_comm_overlap=plan.tp_comm_overlap,
+            activation_layout=plan.activation_layout,
+            fp32_grad_accumulation=plan.fp32_grad_accumulation,
             optimizer=plan.optimizer,
         )
         out.append(predict_train_step(model, lay, setup, profile, mfu, plan.efficiency.runtime_overhead_gib))
@@ -196,6 +236,7 @@ def recommend_train(model: ModelSpec, gpus: int, plan: PlanConfig, profile: Hard
                 "mfu_pct": 100 * best.mfu(profile.peak_flops),
                 "zero": best.setup.zero,
                 "activation_checkpointing": best.setup.ac_mode,
+                "pp_schedule": schedule_label(best.setup, lay.pp),
                 "num_microbatches": best.num_microbatches,
             },
             best,

@@ -39,6 +39,14 @@ GEMM_CALL_OVERHEAD_S = 6e-6
 OVERLAP_COMPUTE_SLOWDOWN = 0.189
 
 
+# Ring attention's off-diagonal steps (a separate non-causal flash call per ring step on half-chunks, the
+# load-balanced q/kv halves of torch's context_parallel): their attention runs at this fraction of the causal kernel's
+# rate at the same local length. FITTED on the three published CP rows of published_runs.yaml (torchtitan Llama-3.1-8B
+# CP 2/4/8 at 64K/128K/256K, benchmarks/llama3_h100_202412_torchtitan.md Table 2; each names this constant in its
+# source), after the merge traffic (``cp_merge_bytes``): least squares in log(predicted/published) over the three rows.
+# Those rows stay in validate's held-out set, reported with this fit named; nothing else enters it.
+CP_RING_STEP_EFFICIENCY = 0.81
+
 # Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at GPT-2 124M) and come with ~10 elementwise kernels per
 # matrix. Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon
 # vs AdamW"): +9.2 ms (B=32) and +11.2 ms (B=64) per optimizer step for 1.52 TFLOP = ~150 TFLOP/s. The prior written
@@ -202,10 +210,11 @@ class StepPrediction:
             f"(ZeRO-{self.setup.zero}, AC {self.setup.ac_mode})",
             f"compute {100 * self.compute_s / step:.0f}% of step",
         ]
-        if self.bubble_s:
-            bits.append(
-                f"{self.setup.pp_schedule} bubble {100 * self.bubble_s / step:.0f}% (m={self.num_microbatches})"
+        if self.layout.pp > 1:
+            sched = self.setup.pp_schedule + (
+                f" v={self.setup.virtual_stages}" if self.setup.pp_schedule == "interleaved" else ""
             )
+            bits.append(f"schedule {sched}, bubble {100 * self.bubble_s / step:.0f}% (m={self.num_microbatches})")
         for c in self.comm:
             share = 100 * c.exposed_s / step
             hidden = " hidden" if c.exposed_s < 0.05 * c.time_s else ""
@@ -254,10 +263,24 @@ class ComputeBreakdown:
     loss_s: float
     optimizer_s: float
     recompute_note: str = ""
+    cp_merge_s: float = 0.0
+    """Ring attention's per-step output merges (fp32 rescaling) and gradient accumulations (``cp_merge_bytes``)."""
+    tp_copy_s: float = 0.0
+    """Chunk + cat copies around the sequence-parallel collectives of a batch-first layout (``tp_layout_copy_bytes``)."""
+    main_grad_s: float = 0.0
+    """Weight-gradient GEMM outputs read and written in fp32 main grads (``main_grad_bytes``)."""
 
     @property
     def fwd_bwd_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.elementwise_s + self.loss_s
+        return (
+            self.gemm_s
+            + self.attention_s
+            + self.elementwise_s
+            + self.loss_s
+            + self.cp_merge_s
+            + self.tp_copy_s
+            + self.main_grad_s
+        )
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -266,7 +289,72 @@ class ComputeBreakdown:
             "elementwise_ms": 1e3 * self.elementwise_s,
             "loss_ms": 1e3 * self.loss_s,
             "optimizer_ms": 1e3 * self.optimizer_s,
+            "cp_merge_ms": 1e3 * self.cp_merge_s,
+            "tp_copy_ms": 1e3 * self.tp_copy_s,
+            "main_grad_ms": 1e3 * self.main_grad_s,
         }
+
+
+def cp_merge_bytes(model: ModelSpec, cp: int, tp: int, fwd_passes: int) -> float:
+    """HBM bytes per token and block that ring attention adds on top of the attention kernels (context parallelism).
+
+    Each of the cp-1 ring steps after the local one yields a partial attention output and log-sum-exp that is merged
+    into the running output in fp32 (torch's ring attention ``_SDPAMerger``: cast the block output 2+4 B, out - block
+    4+4+4, x sigmoid(lse gap) 4+4, out - that 4+4+4 = 38 B per output element), once per forward pass (twice with
+    full AC); the backward accumulates each step's dQ into an fp32 buffer (read bf16 dQ 2 B, read + write the sum 8 B
+    = 10 B per query element) and rotates fp32 dK/dV accumulators (10 B per K and per V element). Per token:
+    (cp-1) x [fwd_passes x 38 q + 10 q + 20 k] / tp, q and k the query and KV widths.
+    """
+    if cp <= 1:
+        return 0.0
+    q, k = model.q_dim, model.kv_dim
+    return (cp - 1) * (fwd_passes * 38.0 * q + 10.0 * q + 20.0 * k) / tp
+
+
+def tp_collective_ops(setup: TrainSetup) -> tuple[int, int]:
+    """(sequence-parallel all-gathers + reduce-scatters per block and micro-batch, those a decomposed overlap fuses).
+
+    Forward: an all-gather before attention and before the MLP, a reduce-scatter after each (4); the backward mirrors
+    them (4); full AC reruns the forward's 4. Selective op-level AC (torchtitan's policy) saves every other matmul
+    output and the reduce-scatters' outputs, not the all-gathers' (torchtitan parallelize_llama ``_save_list``): the
+    recompute reruns the 2 all-gathers that feed the recomputed matmuls. An all-gather + reduce-scatter pair moves an
+    all-reduce's bytes. With ``tp_comm_overlap`` the forward and recompute collectives are fused with their GEMMs,
+    the backward's only with ``tp_overlap_backward``.
+    """
+    fwd_passes = 2 if setup.activation_checkpointing else 1
+    sac = 1 if (setup.selective_ac and not setup.activation_checkpointing) else 0
+    total = 4 * fwd_passes + 4 + 2 * sac
+    covered = 0
+    if setup.tp_comm_overlap:
+        covered = 4 * fwd_passes + 2 * sac + (4 if setup.tp_overlap_backward else 0)
+    return total, covered
+
+
+def tp_layout_copy_bytes(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup) -> float:
+    """HBM bytes per block and micro-batch that a batch-first ("bsh") layout adds around the sequence-parallel
+    collectives: torch's functional all_gather_tensor(gather_dim=1) gathers on dim 0 and then
+    torch.cat(torch.chunk(out, tp, dim=0), dim=1), and reduce_scatter_tensor(scatter_dim=1) first does
+    torch.cat(torch.chunk(x, tp, dim=1)) (torch/distributed/_functional_collectives.py; DTensor's Shard(1) <->
+    Replicate redistributions in torchtitan's sequence parallelism go through them): a read and a write of the whole
+    gathered tensor, mb x T/cp x h x 2 B, per collective. Megatron keeps activations sequence-first ("sbh") so its
+    collectives run on dim 0 without a copy. Collectives fused with their GEMM (torch AsyncTP) keep one: the fused
+    all-gather-matmul / matmul-reduce-scatter move the sequence dim to the front and back (movedim + flatten in
+    torch/distributed/_symmetric_memory ``_fused_all_gather_matmul_impl``), priced as the same copy."""
+    if layout.tp <= 1 or setup.activation_layout != "bsh":
+        return 0.0
+    total, _ = tp_collective_ops(setup)
+    gathered = setup.micro_batch_size * setup.seq_len / layout.cp * model.hidden_size * 2
+    return total * 2 * gathered
+
+
+def main_grad_bytes(weights: float) -> float:
+    """Extra HBM bytes per micro-batch when the weight-gradient GEMMs of ``weights`` weight elements accumulate into
+    fp32 main grads (Megatron's gradient_accumulation_fusion: a GEMM with beta = 1 and an fp32 C/D): read 4 B and
+    write 4 B per element instead of writing a 2 B bf16 gradient, 6 B more. A tile's epilogue (read C, write D) runs
+    after that tile's main loop in cuBLAS's cooperative Hopper kernels, so the traffic is priced at the HBM rate on
+    top of the GEMM's FLOPs (an upper estimate: ping-pong kernels hide part of it); with K = one micro-batch's
+    tokens (4096 in Megatron's table) it adds ~1/5 to the weight-gradient GEMM's time."""
+    return 6.0 * weights
 
 
 def compute_breakdown(
@@ -314,6 +402,13 @@ def compute_breakdown(
     attn_fwd = 0.5 * 4.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
     attn_rate = profile.attention_flops_at(setup.seq_len / layout.cp, setup.attention_kernel)
     attention = attn_fwd * (3.5 + (1.0 if attn_fwd_again else 0.0)) / (tp * attn_rate)
+    if layout.cp > 1:
+        # The cp-1 off-diagonal ring steps run at CP_RING_STEP_EFFICIENCY of the kernel's rate at the length they
+        # see: load-balanced ring attention splits the sequence into 2·cp chunks and each off-diagonal step attends
+        # a half chunk (T/(2cp) queries to T/cp keys, or T/cp queries to T/(2cp) keys), so short sequences split
+        # far run at the short-length end of the kernel's curve (1K-token halves at T = 8K, cp = 4).
+        half = profile.attention_flops_at(setup.seq_len / (2 * layout.cp), setup.attention_kernel) / attn_rate
+        attention *= 1.0 / layout.cp + (layout.cp - 1) / layout.cp / (CP_RING_STEP_EFFICIENCY * half)
     bw = profile.stream_bytes_per_s
     per_layer_bytes = elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
     elem = elem_passes * layers * per_layer_bytes * tokens_gpu / (tp * bw)
@@ -334,10 +429,24 @@ def compute_breakdown(
     # 3x4, cast back 4+2 = 40 B (Megatron's unfused vocab-parallel CE, the default, makes about as many fp32 passes).
     fused_loss = setup.fused_elementwise if setup.fused_loss is None else setup.fused_loss
     loss = (16.0 if fused_loss else 40.0) * model.vocab_size * tokens_gpu / (tp * bw)
-    first = first_gemm + attention + elem
-    last = last_gemm + attention + elem + loss
+    fwd_passes = 2 if setup.activation_checkpointing else 1
+    cp_merge = layers * cp_merge_bytes(model, layout.cp, tp, fwd_passes) * tokens_gpu / bw
+    tp_copy = layers * m_steps * tp_layout_copy_bytes(model, layout, setup) / bw
+    body_grad = head_grad = 0.0
+    if setup.fp32_grad_accumulation:
+        body_grad = m_steps * main_grad_bytes(layers * layer_mm / tp) / bw
+        head_grad = m_steps * main_grad_bytes(head_mm / tp) / bw
+    # The embedding's backward (not a GEMM) materializes a dense vocab x h gradient per micro-batch: torch's
+    # embedding_dense_backward zero-fills it (2 B per element; vocab-parallel over TP); with fp32 main grads it is then
+    # added into them (read 2 + 4, write 4: 10 B more). First pipeline stage only.
+    emb_grad = m_steps * (2.0 + (10.0 if setup.fp32_grad_accumulation else 0.0)) * model.embedding_params() / tp / bw
+    first = first_gemm + attention + elem + cp_merge + tp_copy + body_grad + emb_grad
+    last = last_gemm + attention + elem + loss + cp_merge + tp_copy + body_grad + head_grad
+    if layout.pp == 1:
+        last += emb_grad
+    main_grad = body_grad + head_grad + (emb_grad if layout.pp == 1 else 0.0)
     if first > last:  # (only with a tiny vocab) report the first stage
-        last_gemm, loss = first_gemm, 0.0
+        last_gemm, loss, main_grad = first_gemm, 0.0, body_grad + emb_grad
     # AdamW on the local (ZeRO-sharded) fp32 states: read param, grad, m, v (16 B), write param, m, v, bf16 copy (14 B).
     local = (layers * model.layer_params() + model.embedding_params() + model.lm_head_params()) / tp
     if layout.pp == 1:
@@ -347,7 +456,10 @@ def compute_breakdown(
     # (With optimizer=muon the blocks' matrices keep one momentum buffer instead of two moments: the AdamW traffic
     # above still counts every parameter, a slight over-estimate; Newton-Schulz is added on top.)
     optimizer = 30.0 * local / bw + muon_seconds(model, layout, setup, profile)
-    return ComputeBreakdown(last_gemm, attention, elem, loss, optimizer, note)
+    if setup.fp32_grad_accumulation:  # the fp32 main-grad buffer (full, not sharded by ZeRO-1/2) is zeroed every step
+        stage = (layers * model.layer_params() + model.embedding_params() + model.lm_head_params()) / tp
+        optimizer += 4.0 * (model.num_params() / tp if layout.pp == 1 else stage) / bw
+    return ComputeBreakdown(last_gemm, attention, elem, loss, optimizer, note, cp_merge, tp_copy, main_grad)
 
 
 def predict_train_step(
@@ -409,7 +521,8 @@ def predict_train_step(
 
     if tp > 1:  # 2 all-reduces per block forward + 2 backward (Megatron; with SP: AG + RS of the same volume)
         f = _group_fabric(profile, 1, tp)
-        n = layers * m * (2 * fwd_passes + 2)
+        ops, ops_covered = tp_collective_ops(setup)  # all-gathers + reduce-scatters; a pair = one all-reduce
+        n = layers * m * ops // 2
         t, algo = comm.all_reduce_time(act_bytes, tp, f)
         total = n * t
         if setup.tp_comm_overlap:
@@ -422,7 +535,7 @@ def predict_train_step(
             # the reduce-scatters take sums of matmuls, not one matmul (pytorch/pytorch#149946), and its authors
             # report ~20% forward but ~8% end-to-end speedup on Llama 3 70B (PyTorch dev-discuss, "Introducing Async
             # Tensor Parallelism in PyTorch", 2024).
-            n_cover = layers * m * (2 * fwd_passes + (2 if setup.tp_overlap_backward else 0))
+            n_cover = layers * m * ops_covered // 2
             covered = n_cover * t
             tail = covered / (2 * tp)
             window = gemm_per_layer_mb * layers * m * (covered / total)
@@ -432,7 +545,10 @@ def predict_train_step(
             )
         else:
             exposed = total
-            note = f"2/block fwd + 2 bwd{' + 2 recompute' if fwd_passes == 2 else ''}, not overlapped"
+            note = (
+                f"2/block fwd + 2 bwd{' + 2 recompute' if fwd_passes == 2 else ''}"
+                f"{' + 1 (selective AC reruns the all-gathers)' if ops % 4 else ''}, not overlapped"
+            )
         pred.comm.append(
             CommTerm(
                 "tp",

@@ -50,6 +50,16 @@ class Case:
     approximated: str
     held_out: bool = False
     hardware_overrides: dict[str, Any] = field(default_factory=dict)
+    fits: list[str] = field(default_factory=list)
+    """Model constants fitted on this row's published number (named in the table's source column); a held-out row
+    that fits one stays held out and says so."""
+    fixed: dict[str, int] = field(default_factory=dict)
+    """Layout sizes the published experiment holds constant by design, as its source states them (e.g. Megatron's
+    weak-scaling table keeps DP = 48 in every row; torchtitan's "2D (FSDP + TP)" table runs no PP and no CP): the
+    question validate asks for that row carries them, as a user would state them (``plan.dp=48``, ``plan.cp=1``).
+    The rank among all layouts (nothing fixed) is reported beside it (``rank_free``)."""
+    fixed_why: str = ""
+    """The sentence of the source that fixes them (required with ``fixed``)."""
 
 
 def load_cases(path: str | Path = CASES_PATH) -> list[Case]:
@@ -66,7 +76,8 @@ def load_cases(path: str | Path = CASES_PATH) -> list[Case]:
         if not isinstance(raw, dict):
             raise ValueError(f"{where}: expected a mapping")
         extra = set(raw) - known
-        missing = {f.name for f in fields(Case) if f.name not in ("held_out", "hardware_overrides")} - set(raw)
+        optional = ("held_out", "hardware_overrides", "fits", "fixed", "fixed_why")
+        missing = {f.name for f in fields(Case) if f.name not in optional} - set(raw)
         if extra or missing:
             raise ValueError(f"{where}: unknown keys {sorted(extra)} / missing keys {sorted(missing)}")
         bad = set(raw["setup"]) - SETUP_FIELDS
@@ -74,6 +85,13 @@ def load_cases(path: str | Path = CASES_PATH) -> list[Case]:
             raise ValueError(f"{where} ({raw['id']}): setup has unknown TrainSetup fields {sorted(bad)}")
         if not {"tokens_per_s_per_gpu", "tflops_per_gpu"} & set(raw["published"]):
             raise ValueError(f"{where} ({raw['id']}): published needs tokens_per_s_per_gpu or tflops_per_gpu")
+        fixed = raw.get("fixed") or {}
+        if not isinstance(fixed, dict) or set(fixed) - {"dp", "tp", "pp", "cp", "ep"}:
+            raise ValueError(f"{where} ({raw['id']}): fixed must map dp/tp/pp/cp/ep to sizes, got {fixed!r}")
+        if fixed and not raw.get("fixed_why"):
+            raise ValueError(f"{where} ({raw['id']}): fixed needs fixed_why (the source's words that fix them)")
+        if any(int(v) != int(raw["layout"].get(k, 1)) for k, v in fixed.items()):
+            raise ValueError(f"{where} ({raw['id']}): fixed {fixed} contradicts the published layout {raw['layout']}")
         out.append(Case(**raw))
     return out
 
@@ -102,6 +120,11 @@ class CaseResult:
     best_time_s: float
     within_tie: bool
     peak_flops: float
+    rank_free: int = 0
+    """Rank among every legal layout of the GPUs (the row's ``fixed`` sizes ignored)."""
+    within_tie_free: bool = False
+    best_free: ParallelLayout | None = None
+    best_free_time_s: float = 0.0
 
     @property
     def predicted_tps(self) -> float:
@@ -129,8 +152,28 @@ class CaseResult:
             "planner_top": _fmt(self.best) if self.best else "-",
             "published_vs_top_pct": round(100 * (p.step_time_s / self.best_time_s - 1), 1) if self.best else None,
             "within_tie": self.within_tie,
+            "asked": _fmt_fixed(self.case.fixed),
+            "rank_free": self.rank_free,
+            "planner_top_free": _fmt(self.best_free) if self.best_free else "-",
+            "within_tie_free": self.within_tie_free,
+            "published_vs_top_free_pct": round(100 * (p.step_time_s / self.best_free_time_s - 1), 1)
+            if self.best_free_time_s
+            else None,
             "dominant": p.dominant(),
+            "source": source_label(self.case),
         }
+
+
+def source_label(case: Case) -> str:
+    """Where the published number comes from (its file / table) and the constants fitted on it, if any."""
+    where = case.source.split(":")[0].strip().replace("|", "/")
+    if len(where) > 70:
+        where = where[:67] + "..."
+    return where + (f"; FITS {', '.join(case.fits)}" if case.fits else "")
+
+
+def _fmt_fixed(fixed: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in fixed.items()) if fixed else "-"
 
 
 def _fmt(lay: ParallelLayout) -> str:
@@ -159,19 +202,30 @@ def run_case(case: Case) -> CaseResult:
             preds.append(q)
     if pred not in preds:  # rank it anyway (it ran, so it fits in reality; say so in the row)
         preds.append(pred)
-    ordered = order_layouts(preds, lambda q: q.step_time_s, lambda q: q.layout)
-    rank = next(i for i, q in enumerate(ordered, 1) if q is pred)
-    fastest = min(q.step_time_s for q in preds)
+
+    def ranked(group: list[StepPrediction]) -> tuple[int, int, StepPrediction, bool]:
+        ordered = order_layouts(group, lambda q: q.step_time_s, lambda q: q.layout)
+        rank = next(i for i, q in enumerate(ordered, 1) if q is pred)
+        fastest = min(q.step_time_s for q in group)
+        return rank, len(ordered), ordered[0], pred.step_time_s <= fastest * (1 + TIE_TOLERANCE)
+
+    asked = [q for q in preds if all(getattr(q.layout, k) == int(v) for k, v in case.fixed.items())]
+    rank, num, top, tie = ranked(asked)
+    rank_free, _, top_free, tie_free = ranked(preds)
     return CaseResult(
         case=case,
         published_tps=published_tps,
         predicted=pred,
         rank=rank,
-        num_candidates=len(ordered),
-        best=ordered[0].layout,
-        best_time_s=ordered[0].step_time_s,
-        within_tie=pred.step_time_s <= fastest * (1 + TIE_TOLERANCE),
+        num_candidates=num,
+        best=top.layout,
+        best_time_s=top.step_time_s,
+        within_tie=tie,
         peak_flops=profile.peak_flops,
+        rank_free=rank_free,
+        within_tie_free=tie_free,
+        best_free=top_free.layout,
+        best_free_time_s=top_free.step_time_s,
     )
 
 
@@ -189,6 +243,9 @@ def summary(results: list[CaseResult]) -> dict[str, Any]:
             "mean_abs_error_pct": round(100 * statistics.mean(errs), 1),
             "max_abs_error_pct": round(100 * max(errs), 1),
             "published_layout_first_or_tied": sum(1 for r in group if r.rank == 1 or r.within_tie),
+            "first_or_tied_nothing_fixed": sum(1 for r in group if r.rank_free == 1 or r.within_tie_free),
+            "rows_with_fixed_sizes": sum(1 for r in group if r.case.fixed),
+            "rows_that_fit_a_constant": sum(1 for r in group if r.case.fits),
         }
     out["tie_tolerance_pct"] = 100 * TIE_TOLERANCE
     return out
@@ -207,11 +264,15 @@ def render(results: list[CaseResult], summ: dict[str, Any]) -> str:
         "predicted_tok_s_gpu",
         "ratio",
         "predicted_mfu_pct",
+        "asked",
         "rank",
         "of",
         "planner_top",
         "published_vs_top_pct",
+        "rank_free",
+        "planner_top_free",
         "dominant",
+        "source",
     )
     lines = []
     for title, held in (("calibration cases", False), ("held-out cases", True)):
@@ -226,7 +287,9 @@ def render(results: list[CaseResult], summ: dict[str, Any]) -> str:
     lines.append(
         f"- rank: position of the published layout among the fitting layouts of the same GPUs and settings, ordered "
         f"by step time with layouts within {100 * TIE_TOLERANCE:.0f}% of the fastest ordered simplest first "
-        "(fewer model-parallel dims, then smaller PP)"
+        "(fewer model-parallel dims, then smaller PP); asked: the layout sizes the published experiment fixes by "
+        "design (published_runs.yaml fixed / fixed_why), which the question carries as a user would state them; "
+        "rank_free / planner_top_free: the same with nothing fixed"
     )
     return "\n".join(lines)
 

@@ -1,0 +1,380 @@
+"""Per-GPU training memory of real Llama-3.1 shard shapes on one GPU, for `phase6 plan`'s memory model (issue 30).
+
+Reproduces docs/benchmarks.md "## plan memory measured on one H200 (issue 30)": the fit that turns this script's JSON
+into the table there is scripts/repro/plan_memory_fit.py (CPU, reads the JSON, compares with phase6.plan.memory).
+
+What runs, per case (torch only, no phase6 import, so it runs from a bare checkout on the device):
+- a stack of ``--layers`` Llama decoder blocks of Llama-3.1-8B / 70B / 405B at the width one tensor-parallel rank holds
+  at TP 1/2/4/8 (query heads, KV heads and the MLP width divided by TP; hidden size whole), bf16 parameters and
+  gradients, sequence 8192, micro-batch 1;
+- sequence parallelism as torchtitan runs it for TP > 1: norms and residuals on seq/TP tokens, an all-gather (emulated
+  by ``repeat``) before the QKV and gate/up projections, a reduce-scatter (emulated by a sum over the TP chunks) after
+  the output and down projections - the gathered GEMM input is what the matmul saves for its backward;
+- fused RMSNorm (saves its input and one fp32 rstd per row, as a compiled/TE norm does), SwiGLU as eager
+  ``silu(gate) * up``, flash attention (SDPA flash backend, GQA without expanding K/V when torch allows it); no RoPE;
+- activation checkpointing none / selective (torchtitan op-level SAC: every other mm output and the attention output
+  saved) / full (each block's input only);
+- ``zero3``: a ZeRO-3 / FSDP-style layer: the layer's bf16 params live in one flat buffer whose storage is freed after
+  the layer's forward and re-allocated (all-gather emulated, shard 1/8 kept) before its backward; one layer prefetched
+  ahead in forward and backward (FSDP2's default); when a block's gradients are all accumulated (bf16), they are
+  copied into one fp32 reduce-scatter input of the block's size (FSDP2's reduce_dtype fp32 foreach_reduce), folded
+  into a 1/8 fp32 shard (reduce-scatter emulated) and dropped.
+Measured per case: parameter bytes, bytes saved for backward (allocated after forward - before), peak allocated and
+peak reserved over forward+backward (torch.cuda.max_memory_{allocated,reserved} after a reset and empty_cache). An
+out-of-memory case is recorded as OOM and the sweep goes on; cases that would start past ``--budget-s`` are recorded
+as skipped (budget). Memory does not depend on timing, so each case runs once (after one small warm-up case).
+
+Device command (from the repo root of a checkout; writes plan_memory.json + plan_memory.md to $OUT, prints the table):
+    timeout 100 python3 scripts/repro/h200_plan_memory.py --out "$OUT" --budget-s 85
+(or from the carry folder: mkdir -p $OUT/i30 && timeout 100 python3 .device/i30/h200_plan_memory.py --out $OUT/i30 --budget-s 85)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+GIB = 2**30
+DEV = "cuda"
+MODELS = {  # HF config.json fields of meta-llama/Llama-3.1-{8B,70B,405B}
+    "llama3.1-8b": {"hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "ffn": 14336},
+    "llama3.1-70b": {"hidden": 8192, "heads": 64, "kv_heads": 8, "head_dim": 128, "ffn": 28672},
+    "llama3.1-405b": {"hidden": 16384, "heads": 128, "kv_heads": 8, "head_dim": 128, "ffn": 53248},
+}
+SMOKE_MODELS = {"tiny": {"hidden": 256, "heads": 8, "kv_heads": 2, "head_dim": 32, "ffn": 512}}
+
+
+class _Mem:
+    """torch.cuda memory counters; zeros on CPU (--smoke, a logic check only: its numbers mean nothing)."""
+
+    def __getattr__(self, name):
+        if DEV == "cuda":
+            return getattr(torch.cuda, name)
+        return lambda *a, **k: 0
+
+
+MEM = _Mem()
+
+
+class RMSNormFn(torch.autograd.Function):
+    """Fused RMSNorm: saves the bf16 input and one fp32 rstd per row (what a compiled or TE norm keeps)."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps=1e-5):
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, w, rstd)
+        return (xf * rstd).to(x.dtype) * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w, rstd = ctx.saved_tensors
+        xf, gf = x.float(), g.float()
+        xhat = xf * rstd
+        gw = (gf * xhat).sum(0).to(w.dtype)
+        gx = gf * w.float()
+        gx = rstd * (gx - xhat * (gx * xhat).mean(-1, keepdim=True))
+        return gx.to(x.dtype), gw, None
+
+
+class Block(torch.nn.Module):
+    """One Llama decoder block at one TP rank's width, torchtitan-style sequence parallelism for tp > 1."""
+
+    def __init__(self, shape: dict, tp: int, seq: int):
+        super().__init__()
+        h, d = shape["hidden"], shape["head_dim"]
+        self.tp, self.seq = tp, seq
+        self.hq, self.hkv = shape["heads"] // tp, max(1, shape["kv_heads"] // tp)
+        self.d, self.f = d, shape["ffn"] // tp
+        mk = lambda *s: torch.nn.Parameter(torch.empty(*s, dtype=torch.bfloat16).normal_(0, 0.02))  # noqa: E731
+        self.attn_norm = torch.nn.Parameter(torch.ones(h, dtype=torch.bfloat16))
+        self.wqkv = mk((self.hq + 2 * self.hkv) * d, h)
+        self.wo = mk(h, self.hq * d)
+        self.mlp_norm = torch.nn.Parameter(torch.ones(h, dtype=torch.bfloat16))
+        self.w13 = mk(2 * self.f, h)
+        self.w2 = mk(h, self.f)
+
+    def gather(self, x):  # SP all-gather: [s/tp, h] -> [s, h]
+        return x.repeat(self.tp, 1) if self.tp > 1 else x
+
+    def scatter(self, y):  # SP reduce-scatter: [s, h] partial sums -> [s/tp, h]
+        return y.view(self.tp, -1, y.shape[-1]).sum(0) if self.tp > 1 else y
+
+    def forward(self, x):
+        s = self.seq
+        a = self.gather(RMSNormFn.apply(x, self.attn_norm))
+        qkv = a @ self.wqkv.t()
+        q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q = q.view(1, s, self.hq, self.d).transpose(1, 2)
+        k = k.view(1, s, self.hkv, self.d).transpose(1, 2)
+        v = v.view(1, s, self.hkv, self.d).transpose(1, 2)
+        o = sdpa(q, k, v).transpose(1, 2).reshape(s, self.hq * self.d)
+        x = x + self.scatter(o @ self.wo.t())
+        m = self.gather(RMSNormFn.apply(x, self.mlp_norm))
+        gate, up = (m @ self.w13.t()).chunk(2, dim=-1)
+        return x + self.scatter((F.silu(gate) * up) @ self.w2.t())
+
+
+GQA_MODE = {"mode": None}
+
+
+def sdpa(q, k, v):
+    """Flash attention (causal); GQA native when the backend takes enable_gqa, else K/V expanded (recorded)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if q.shape[1] != k.shape[1] and GQA_MODE["mode"] != "expand":
+        try:
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            GQA_MODE["mode"] = "flash enable_gqa"
+            return out
+        except (RuntimeError, TypeError):
+            GQA_MODE["mode"] = "expand"
+    if q.shape[1] != k.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def sac_context():
+    """torchtitan op-level selective AC: save every other mm output and the attention outputs, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    save = {
+        aten.mm.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten._scaled_dot_product_flash_attention_for_cpu.default,  # --smoke on CPU
+        aten.max.default,
+    }
+    count = {"fwd": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        key = "recompute" if ctx.is_recompute else "fwd"
+        if func == aten.mm.default:
+            count[key] += 1
+        to_save = func in save and not (func == aten.mm.default and count[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+class Zero3:
+    """FSDP-style parameter lifetime for a list of blocks: flat bf16 buffer per block, freed after its forward,
+    re-allocated before its backward (one block prefetched ahead both ways); a block's bf16 grads are kept until all
+    are accumulated, then copied into one fp32 reduce-scatter input, folded into the 1/dp fp32 shard and dropped."""
+
+    def __init__(self, blocks: list[Block], dp: int):
+        self.blocks, self.dp, self.phase = blocks, dp, "fwd"
+        self.flat, self.shards, self.grad_shards, self.pending = [], [], [], []
+        for i, b in enumerate(blocks):
+            ps = list(b.parameters())
+            n = sum(p.numel() for p in ps)
+            flat = torch.empty(n, dtype=torch.bfloat16, device=DEV)
+            off = 0
+            for p in ps:
+                flat[off : off + p.numel()].copy_(p.data.view(-1))
+                p.data = flat[off : off + p.numel()].view(p.shape)
+                p.register_post_accumulate_grad_hook(self._grad_hook(i))
+                off += p.numel()
+            shard_n = math.ceil(n / dp)
+            self.flat.append(flat)
+            self.shards.append(flat[:shard_n].clone())
+            self.grad_shards.append(torch.zeros(shard_n, dtype=torch.float32, device=DEV))
+            self.pending.append(len(ps))
+            self._free(i)
+            b.register_forward_pre_hook(self._pre_fwd(i))
+            b.register_forward_hook(self._post_fwd(i))
+
+    def _gathered(self, i: int) -> bool:
+        return self.flat[i].untyped_storage().size() > 0
+
+    def _gather(self, i: int) -> None:
+        if 0 <= i < len(self.flat) and not self._gathered(i):
+            self.flat[i].untyped_storage().resize_(self.flat[i].numel() * 2)  # all-gather output buffer
+
+    def _free(self, i: int) -> None:
+        self.flat[i].untyped_storage().resize_(0)
+
+    def _pre_fwd(self, i):
+        def hook(mod, args):
+            self._gather(i)
+            if self.phase == "fwd":
+                self._gather(i + 1)  # prefetch
+
+        return hook
+
+    def _post_fwd(self, i):
+        def hook(mod, args, out):
+            if self.phase == "fwd":
+                self._free(i)
+                out.register_hook(lambda g: (self._gather(i), self._gather(i - 1), g)[-1])
+
+        return hook
+
+    def _grad_hook(self, i):
+        def hook(p):
+            self.pending[i] -= 1
+            if self.pending[i] == 0:  # FSDP2's post-backward: one fp32 reduce-scatter input for the whole block
+                ps = list(self.blocks[i].parameters())
+                flat32 = torch.empty(self.flat[i].numel(), dtype=torch.float32, device=DEV)  # reduce_dtype fp32
+                off = 0
+                for q in ps:
+                    flat32[off : off + q.numel()].copy_(q.grad.view(-1))
+                    off += q.numel()
+                    q.grad = None
+                self.grad_shards[i].add_(flat32[: self.grad_shards[i].numel()])  # this rank's 1/dp (emulated)
+                del flat32
+                self._free(i)
+                self.pending[i] = len(ps)
+
+        return hook
+
+
+def run_case(model: str, tp: int, ac: str, zero3: bool, layers: int, seq: int, dp: int) -> dict:
+    shape = {**MODELS, **SMOKE_MODELS}[model]
+    rec = {"model": model, "tp": tp, "ac": ac, "zero3": zero3, "zero3_dp": dp if zero3 else 1, "layers": layers}
+    rec.update({"seq": seq, "micro_batch": 1, "hidden": shape["hidden"], "heads_local": shape["heads"] // tp})
+    rec.update({"kv_heads_local": max(1, shape["kv_heads"] // tp), "ffn_local": shape["ffn"] // tp})
+    rec["head_dim"] = shape["head_dim"]
+    blocks = x = y = z3 = None
+    MEM.empty_cache()
+    base = MEM.memory_allocated()
+    try:
+        blocks = [Block(shape, tp, seq).to(DEV) for _ in range(layers)]
+        rec["param_bytes_per_layer"] = sum(p.numel() * 2 for p in blocks[0].parameters())
+        if zero3:
+            z3 = Zero3(blocks, dp)
+        MEM.synchronize()
+        x = torch.randn(seq // tp, shape["hidden"], dtype=torch.bfloat16, device=DEV, requires_grad=True)
+        g_out = torch.randn_like(x)
+        MEM.empty_cache()
+        MEM.reset_peak_memory_stats()
+        before = MEM.memory_allocated()
+        rec["resident_bytes"] = before - base  # params (+ shards) + input + output grad
+        h = x
+        for b in blocks:
+            if ac == "full":
+                h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=False)
+            elif ac == "selective":
+                h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=False, context_fn=sac_context)
+            else:
+                h = b(h)
+        MEM.synchronize()
+        rec["saved_bytes"] = MEM.memory_allocated() - before  # saved for backward + the output
+        rec["fwd_peak_allocated_bytes"] = MEM.max_memory_allocated() - base
+        if z3:
+            z3.phase = "bwd"
+            z3._gather(layers - 1)  # FSDP2 keeps the root's last block; its output hook may not fire on the root
+        h.backward(g_out)
+        MEM.synchronize()
+        rec["peak_allocated_bytes"] = MEM.max_memory_allocated() - base
+        rec["peak_reserved_bytes"] = MEM.max_memory_reserved()
+        rec["after_bytes"] = MEM.memory_allocated() - base  # params + grads (or shards) + input grad
+        rec["status"] = "ok"
+    except torch.cuda.OutOfMemoryError as e:
+        rec["status"] = "OOM"
+        rec["error"] = str(e).splitlines()[0][:300]
+    except RuntimeError as e:  # a backend refusing a shape: recorded, the sweep goes on
+        rec["status"] = "error"
+        rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    finally:
+        del blocks, x, y, z3
+        h = g_out = None  # noqa: F841
+        MEM.synchronize()
+        MEM.empty_cache()
+    return rec
+
+
+def cases(layers: int, names: list[str]) -> list[tuple]:
+    out = []
+    for zero3 in (False, True):
+        for model in names:
+            for tp in (1, 2, 4, 8):
+                for ac in ("none", "selective", "full"):
+                    out.append((model, tp, ac, zero3, layers))
+    return out
+
+
+def table(records: list[dict]) -> str:
+    cols = "| model | tp | ac | zero3 | layers | params GiB/layer | saved GiB | peak alloc GiB | peak reserved GiB | status |"
+    lines = [cols, "|" + "---|" * 10]
+    g = lambda r, k: f"{r[k] / GIB:.2f}" if k in r else "-"  # noqa: E731
+    for r in records:
+        lines.append(
+            f"| {r['model']} | {r['tp']} | {r['ac']} | {'yes' if r['zero3'] else 'no'} | {r['layers']} | "
+            f"{g(r, 'param_bytes_per_layer')} | {g(r, 'saved_bytes')} | {g(r, 'peak_allocated_bytes')} | "
+            f"{g(r, 'peak_reserved_bytes')} | {r['status']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    global DEV
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="directory for plan_memory.json and plan_memory.md")
+    ap.add_argument("--budget-s", type=float, default=85.0, help="no case starts after this many seconds")
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--dp", type=int, default=8, help="ZeRO-3 shard count emulated")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU allowed: checks the code paths only")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    if not torch.cuda.is_available() and not a.smoke:
+        print("h200_plan_memory: no CUDA device (use --smoke for a CPU logic check)", file=sys.stderr)
+        return 2
+    DEV = "cuda" if torch.cuda.is_available() else "cpu"
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    meta = {
+        "script": "scripts/repro/h200_plan_memory.py",
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "gpu": torch.cuda.get_device_properties(0).name if DEV == "cuda" else "cpu (smoke)",
+        "hbm_bytes": torch.cuda.get_device_properties(0).total_memory if DEV == "cuda" else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "seq": a.seq,
+        "layers": a.layers,
+        "zero3_dp": a.dp,
+        "budget_s": a.budget_s,
+        "smoke": a.smoke,
+    }
+    torch.empty(1, device=DEV)
+    meta["context_reserved_bytes"] = torch.cuda.memory_reserved() if DEV == "cuda" else None
+    names = list(SMOKE_MODELS) if a.smoke else list(MODELS)
+    warm = run_case(names[0], 8 if not a.smoke else 2, "selective", False, 1, 1024 if not a.smoke else 64, a.dp)
+    meta["warmup_status"] = warm["status"]
+    records = []
+    for c in cases(a.layers, names):
+        if time.monotonic() - t0 > a.budget_s:
+            records.append(
+                {"model": c[0], "tp": c[1], "ac": c[2], "zero3": c[3], "layers": c[4], "status": "skipped (budget)"}
+            )
+            continue
+        t = time.monotonic()
+        r = run_case(*c, seq=a.seq, dp=a.dp)
+        r["wall_s"] = round(time.monotonic() - t, 2)
+        records.append(r)
+    meta["gqa_mode"] = GQA_MODE["mode"]
+    meta["wall_s"] = round(time.monotonic() - t0, 1)
+    meta["note"] = "bytes are relative to the allocation before the case; peak_reserved_bytes is torch's whole pool"
+    (out / "plan_memory.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1))
+    md = table(records)
+    (out / "plan_memory.md").write_text(f"# plan memory on {meta['gpu']} ({meta['date_utc']} UTC)\n\n{md}\n")
+    print(json.dumps({k: meta[k] for k in ("gpu", "torch", "gqa_mode", "wall_s", "warmup_status")}))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

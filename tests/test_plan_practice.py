@@ -1,0 +1,272 @@
+"""Issue 30: schedules searched by default, the practice layout beside the #1 with the deciding term's validation
+status, CP overheads, the memory calibration hook, the serving reserve from a vLLM log and the memory fit script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from plan_hardware import PROFILE
+
+from phase6.config.plan import PlanConfig
+from phase6.plan import memory as memory_mod
+from phase6.plan.memory import ParallelLayout, TrainSetup, train_memory
+from phase6.plan.model import resolve_model
+from phase6.plan.practice import DATASHEET, FITTED, MEASURED, TERM_STATUS, compare, practice_layout
+from phase6.plan.recommend import SEARCHED_SCHEDULES, recommend_train, schedules
+from phase6.plan.serve_reserve import calibrate, parse_vllm_log
+from phase6.plan.train import cp_merge_bytes, predict_train_step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_auto_searches_every_schedule_and_each_candidate_reports_its_own() -> None:
+    m = resolve_model("llama3.1-70b")
+    plan = PlanConfig(seq_len=4096, global_batch_tokens=4096 * 512, pp=4, top_k=50)
+    assert plan.pp_schedule == "auto"
+    got = schedules(m, ParallelLayout(dp=4, tp=8, pp=4), plan)
+    assert got == list(SEARCHED_SCHEDULES)  # 80 layers >= 4 x 8 chunks, m = 128 divisible by 4
+    rec = recommend_train(m, 128, plan, PROFILE)
+    labels = {c.extra["pp_schedule"] for c in rec.candidates}
+    assert labels and all(
+        lab in {"1f1b", "zero_bubble", "interleaved v=2", "interleaved v=4", "interleaved v=8"} for lab in labels
+    )
+    for c in rec.candidates:
+        assert "schedule " in c.reason
+
+
+def test_interleaving_needs_a_layer_per_chunk_and_whole_rounds() -> None:
+    m = resolve_model("gpt2")  # 12 layers
+    plan = PlanConfig(seq_len=1024, global_batch_tokens=1024 * 6)
+    got = schedules(m, ParallelLayout(dp=1, tp=1, pp=4), plan)  # m = 6: not a multiple of 4
+    assert ("interleaved", 2) not in got and ("1f1b", 1) in got and ("zero_bubble", 1) in got
+    assert schedules(m, ParallelLayout(dp=4, pp=1), plan) == [("1f1b", 1)]
+    assert schedules(m, ParallelLayout(pp=4), PlanConfig(pp_schedule="gpipe")) == [("gpipe", 2)]
+
+
+def test_cp_merge_traffic_grows_with_ring_steps_and_is_zero_without_cp() -> None:
+    m = resolve_model("llama3.1-8b")
+    assert cp_merge_bytes(m, 1, 1, 1) == 0.0
+    one, full = cp_merge_bytes(m, 8, 1, 1), cp_merge_bytes(m, 8, 1, 2)
+    assert full > one > cp_merge_bytes(m, 2, 1, 1) > 0
+    # (cp-1) x (38 q fwd + 10 q + 20 kv) per token
+    assert one == pytest.approx(7 * (38 * 4096 + 10 * 4096 + 20 * 1024))
+
+
+def test_cp_ring_is_priced_merges_and_fitted_step_efficiency(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 70B at 8K on 256 GPUs: CP 8 (1K-token chunks) used to win over TP 8 only because its ring cost nothing
+    from phase6.plan import train as train_mod
+
+    m = resolve_model("llama3.1-70b")
+    setup = TrainSetup(
+        seq_len=8192,
+        global_batch_tokens=4194304,
+        micro_batch_size=16,
+        zero=3,
+        activation_checkpointing=True,
+        attention_kernel="fa2",
+    )
+    cp8 = predict_train_step(m, ParallelLayout(dp=32, cp=8), setup, PROFILE)
+    tp8 = predict_train_step(m, ParallelLayout(dp=32, tp=8), setup, PROFILE)
+    assert cp8.breakdown.cp_merge_s > 0 and tp8.breakdown.cp_merge_s == 0
+    assert 0.5 < train_mod.CP_RING_STEP_EFFICIENCY < 1.0
+    monkeypatch.setattr(train_mod, "CP_RING_STEP_EFFICIENCY", 1.0)
+    monkeypatch.setattr(train_mod, "cp_merge_bytes", lambda *a: 0.0)
+    free = predict_train_step(m, ParallelLayout(dp=32, cp=8), setup, PROFILE)
+    assert free.step_time_s < cp8.step_time_s - cp8.breakdown.cp_merge_s * 0.99
+    assert predict_train_step(m, ParallelLayout(dp=32, tp=8), setup, PROFILE).step_time_s == tp8.step_time_s
+
+
+def test_practice_layout_follows_the_rules() -> None:
+    plan = PlanConfig(seq_len=8192, global_batch_tokens=4194304)
+    p70, why = practice_layout(resolve_model("llama3.1-70b"), 256, plan, PROFILE)
+    assert p70 is not None and p70.layout.tp == 8 and p70.layout.cp == 1 and p70.setup.ac_mode == "full", why
+    p8, why = practice_layout(resolve_model("llama3.1-8b"), 64, plan, PROFILE)
+    assert p8 is not None and p8.layout == ParallelLayout(dp=64) and p8.setup.ac_mode == "selective", why
+    assert "DP 64 outermost" in why
+
+
+def test_compare_names_the_deciding_term_and_its_status() -> None:
+    m = resolve_model("llama3.1-70b")
+    plan = PlanConfig(seq_len=8192, global_batch_tokens=4194304)
+    rec = recommend_train(m, 256, plan, PROFILE)
+    top = rec.candidates[0].detail
+    c = compare(top, m, 256, plan, PROFILE)
+    text = "\n".join(c.lines(top))
+    assert "practice:" in text and "#1:" in text
+    assert c.status in (MEASURED, FITTED, DATASHEET)
+    if not c.same and c.gap > 0.05:
+        assert c.term in text and c.status in text
+        assert ("WARNING" in text) == (c.status == DATASHEET)
+    assert set(s for s, _ in TERM_STATUS.values()) == {MEASURED, FITTED, DATASHEET}
+
+
+def test_explain_output_carries_the_practice_comparison(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from phase6.cli import app
+
+    args = ["plan", "model=llama3.1-70b", "hardware=h100_sxm", "gpus=256", "workload=train", "plan.seq_len=8192"]
+    r = CliRunner().invoke(app, [*args, f"run.dir={tmp_path / 'run'}", "--explain"])
+    assert r.exit_code == 0, r.output
+    assert "## Practice layout beside the #1" in r.stdout and "practice rule:" in r.stdout
+    assert (
+        "validation:" in r.stdout or "within the 5% tie tolerance" in r.stdout or "is the practice layout" in r.stdout
+    )
+    j = CliRunner().invoke(app, [*args, f"run.dir={tmp_path / 'run2'}", "--json"])
+    practice = json.loads(j.stdout)["practice"]
+    assert practice["deciding_term_status"] in (MEASURED, FITTED, DATASHEET) and practice["practice_layout"]
+
+
+def test_memory_calibration_file_scales_the_terms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = resolve_model("llama3.1-8b")
+    lay, setup = ParallelLayout(dp=8), TrainSetup(seq_len=8192, global_batch_tokens=8192 * 8, zero=3)
+    monkeypatch.setattr(memory_mod, "MEMORY_CALIBRATION_PATH", tmp_path / "none.json")
+    base = train_memory(m, lay, setup)
+    cal = {"source": "test", "activations": {"none": 1.2}, "zero3_transient": 1.5, "reserve_fraction": 0.0}
+    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    monkeypatch.setattr(memory_mod, "MEMORY_CALIBRATION_PATH", tmp_path / "cal.json")
+    got = train_memory(m, lay, setup)
+    assert got.activations == pytest.approx(1.2 * base.activations)
+    assert got.transient == pytest.approx(1.5 * base.transient)
+    (tmp_path / "bad.json").write_text(json.dumps({"source": "x"}))
+    monkeypatch.setattr(memory_mod, "MEMORY_CALIBRATION_PATH", tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="missing key 'activations'"):
+        train_memory(m, lay, setup)
+
+
+VLLM_LOG = """\
+INFO 12-01 10:00:01 [gpu_model_runner.py:2000] Model loading took 27.5261 GiB and 6.1 seconds
+INFO 12-01 10:00:20 [gpu_worker.py:300] Available KV cache memory: 96.40 GiB
+INFO 12-01 10:00:20 [kv_cache_utils.py:900] GPU KV cache size: 526,512 tokens
+INFO 12-01 10:00:25 [gpu_model_runner.py:2500] Graph capturing finished in 5 secs, took 0.89 GiB
+"""
+
+
+def test_serving_reserve_from_a_vllm_log() -> None:
+    prof = parse_vllm_log(VLLM_LOG, "fixture")
+    assert (prof.weights_gib, prof.kv_cache_gib, prof.kv_cache_tokens, prof.cuda_graph_gib) == (
+        27.5261,
+        96.40,
+        526512.0,
+        0.89,
+    )
+    assert set(prof.missing()) == {"activation_peak_gib", "non_torch_gib"}
+    m = resolve_model({}, str(ROOT / "tests/data/serve_bench_sweep_h200/qwen2.5-14b_config.json"))
+    res = calibrate(prof, m, 140.401, 0.9)
+    assert res["reserve_gib_measured"] == pytest.approx(0.9 * 140.401 - 27.5261 - 96.40)
+    # calibrated overhead reproduces the measured KV cache exactly
+    again = calibrate(prof, m, 140.401, 0.9, runtime_overhead_gib=res["runtime_overhead_gib_calibrated"])
+    assert again["kv_cache_gib_predicted"] == pytest.approx(96.40, abs=0.01)
+    with pytest.raises(ValueError, match="Available KV cache memory"):
+        calibrate(parse_vllm_log("nothing", "empty"), m, 140.0, 0.9)
+
+
+def _synthetic(factor: float) -> dict:
+    sys.path.insert(0, str(ROOT / "scripts/repro"))
+    import plan_memory_fit as fitmod
+
+    recs = []
+    for tp in (1, 2):
+        for ac in ("none", "selective", "full"):
+            for z3 in (False, True):
+                r = {
+                    "model": "llama3.1-8b",
+                    "tp": tp,
+                    "ac": ac,
+                    "zero3": z3,
+                    "layers": 3,
+                    "seq": 8192,
+                    "micro_batch": 1,
+                    "param_bytes_per_layer": 436207616 // tp,
+                    "status": "ok",
+                }
+                saved = factor * fitmod.predicted_saved(r)
+                resident = (r["param_bytes_per_layer"] * (3 if not z3 else 3 / 8 + 3 / 8 * 2)) + 1e8
+                act = factor * fitmod.predicted_peak_activations(r)
+                extra = 1.25 * fitmod.predicted_zero3(r) if z3 else 3 * r["param_bytes_per_layer"]
+                peak = resident + act + extra
+                r.update(
+                    saved_bytes=saved,
+                    resident_bytes=resident,
+                    peak_allocated_bytes=peak,
+                    peak_reserved_bytes=peak * 1.1,
+                )
+                recs.append(r)
+    recs.append({"model": "llama3.1-405b", "tp": 1, "ac": "none", "zero3": False, "layers": 3, "status": "OOM"})
+    return {"meta": {"gpu": "synthetic"}, "records": recs}
+
+
+def test_memory_fit_recovers_a_known_activation_factor(tmp_path: Path) -> None:
+    p = tmp_path / "plan_memory.json"
+    p.write_text(json.dumps(_synthetic(1.1)))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/repro/plan_memory_fit.py"), str(p)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT / "src")},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    cal = json.loads(out.stdout.split("fit (median measured/predicted): `")[1].split("`")[0])
+    assert cal["activations"] == {"none": 1.1, "selective": 1.1, "full": 1.1}
+    assert cal["zero3_transient"] == 1.25 and cal["reserve_fraction"] > 0
+    assert cal["within_10pct"]["zero3"] == 0.0  # 25% off as the formula stands
+    assert cal["within_10pct_after_fit"]["zero3"] == 1.0
+    assert cal["cases"] == 12  # the OOM row is not fitted
+    smoke = tmp_path / "smoke.json"
+    smoke.write_text(json.dumps({"meta": {"smoke": True}, "records": []}))
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/repro/plan_memory_fit.py"), str(smoke)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT / "src")},
+        timeout=120,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--smoke" in bad.stderr
+
+
+def test_serving_explain_carries_the_practice_comparison(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from phase6.cli import app
+
+    args = ["plan", "model=llama3.1-70b", "hardware=h100_sxm", "gpus=8", "workload=serve"]
+    r = CliRunner().invoke(app, [*args, f"run.dir={tmp_path / 'run'}", "--explain"])
+    assert r.exit_code == 0, r.output
+    out = r.stdout.split("## Practice layout beside the #1")[1]
+    assert "practice: dp2·tp4" in out and "#1:       dp1·tp8" in out
+    assert "deciding term: decode HBM reads" in out and MEASURED in out
+
+
+def test_every_fitted_constant_is_named_by_the_rows_it_came_from() -> None:
+    from phase6.plan.validate import load_cases, source_label
+
+    named = {c for case in load_cases() for c in case.fits}
+    assert {"CP_RING_STEP_EFFICIENCY", "HBM_EFFICIENCY"} <= named
+    cp_rows = [c for c in load_cases() if "CP_RING_STEP_EFFICIENCY" in c.fits]
+    assert len(cp_rows) == 3 and all(c.held_out and c.layout["cp"] > 1 for c in cp_rows)
+    assert all("FITS CP_RING_STEP_EFFICIENCY" in source_label(c) for c in cp_rows)
+
+
+@pytest.mark.slow  # ~10 s alone, ~60 s on a loaded 2-core box
+def test_h200_memory_script_runs_every_case_path_in_smoke_mode(tmp_path: Path) -> None:
+    # CPU logic check of the GPU script (tiny shapes): every AC mode, every TP width, with and without ZeRO-3
+    script = ROOT / "scripts/repro/h200_plan_memory.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--out", str(tmp_path), "--seq", "128", "--layers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads((tmp_path / "plan_memory.json").read_text())
+    assert len(data["records"]) == 24 and all(r["status"] == "ok" for r in data["records"]), data["records"]
+    assert {(r["ac"], r["zero3"]) for r in data["records"]} == {
+        (a, z) for a in ("none", "selective", "full") for z in (False, True)
+    }
+    assert out.stdout.strip().splitlines()[-1].startswith("| tiny | 8 | full | yes |")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan_memory.json", "plan_memory.md"]
