@@ -341,3 +341,160 @@ def test_a_default_run_dir_taken_in_the_same_second_gets_a_suffix(tmp_path: Path
     assert _fresh(str(base)) == str(base)  # an empty directory is not a run
     (base / "config.yaml").write_text("job: cost\n")
     assert _fresh(str(base)) == f"{base}-1"
+
+
+# --- issue 28: one writer per run dir, resume checks the config, Hydra's line redacted, OS errors ------------------
+
+HOLD = """
+import sys, time
+from phase6.runrecord import lock_run_dir
+lock_run_dir(sys.argv[1])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def _holder(run: Path) -> "subprocess.Popen[str]":
+    """A second process that takes ``run``'s writer lock and sleeps (a live writer)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_ones_lock_is_taken_over(tmp_path: Path) -> None:
+    import signal
+    import socket
+
+    from phase6.runrecord import LOCK_FILE
+
+    run = tmp_path / "R"
+    proc = _holder(run)
+    try:
+        for args in (["hours=1"], ["hours=1", "run.overwrite=true"]):  # overwrite cannot move a live run aside
+            second = cli("cost", f"run.dir={run}", *args)
+            err = second.stderr.strip()
+            assert second.exit_code == 2 and "\n" not in err, second.output
+            assert err.startswith(f"phase6: error: run.dir: {run} is being written by another phase6 run"), err
+            assert f"pid {proc.pid} on host {socket.gethostname()}, started 20" in err, err
+        assert not (run / "results.json").exists() and not list(tmp_path.glob("R.replaced-*"))
+        proc.send_signal(signal.SIGKILL)  # the holder dies without cleaning up: its lock file stays
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert str(proc.pid) in (run / LOCK_FILE).read_text()
+    third = cli("cost", f"run.dir={run}", "hours=1")
+    assert third.exit_code == 0, third.output
+    assert f"took over the lock left by pid {proc.pid}" in third.stderr
+    assert json.loads((run / "results.json").read_text())["status"] == "complete"
+    assert not (run / LOCK_FILE).exists()  # released at the end of the run
+
+
+def test_only_rank_0_takes_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun the other ranks never touch the lock: rank 0 owns the directory for the run."""
+    from phase6.runrecord import LOCK_FILE, claim_run_dir, unlock_run_dir
+
+    monkeypatch.setenv("RANK", "1")
+    claim_run_dir(tmp_path / "R", overwrite=False, resume=False)
+    assert not (tmp_path / "R").exists()
+    monkeypatch.setenv("RANK", "0")
+    claim_run_dir(tmp_path / "R", overwrite=False, resume=False)
+    assert (tmp_path / "R" / LOCK_FILE).is_file()
+    unlock_run_dir(tmp_path / "R")
+    assert not (tmp_path / "R" / LOCK_FILE).exists()
+
+
+@pytest.mark.slow  # four pretrain runs on the smoke model: ~60 s on 2 loaded cores
+def test_resume_refuses_an_immutable_change_and_records_a_mutable_one(tmp_path: Path) -> None:
+    import yaml
+
+    data, run = tmp_path / "data", tmp_path / "R"
+    common = ["experiment=smoke", f"data.out_dir={data}", "optim.warmup_steps=1", "train.val_every=2"]
+    common += ["train.ckpt_every=2", "train.export_hf=false", f"run.dir={run}", "logger.console=false"]
+    assert cli("pretrain", *common, "train.max_steps=4").exit_code == 0
+    original = (run / "config.yaml").read_text()
+    lr0 = yaml.safe_load(original)["optim"]["lr"]
+    before = (run / "results.json").read_text()
+    for bad, key in (
+        ("model.n_layer=3", "model.n_layer"),
+        ("run.seed=7", "run.seed"),
+        ("optim.algorithm=muon", "optim.algorithm"),
+    ):
+        r = cli("pretrain", *common, "train.max_steps=6", "train.resume=auto", bad)
+        err = r.stderr.strip()
+        assert r.exit_code == 2 and "\n" not in err and "Traceback" not in r.output, r.output[-2000:]
+        assert err.startswith("phase6: error: train.resume: ") and key in err and "step_00000004.pt" in err, err
+    assert (run / "results.json").read_text() == before and (run / "config.yaml").read_text() == original
+    ok = cli("pretrain", *common, "train.max_steps=6", "train.resume=auto", "optim.lr=0.0001")
+    assert ok.exit_code == 0, ok.output[-2000:]
+    assert (run / "config.yaml").read_text() == original  # the record of how the run started is never rewritten
+    (change,) = [json.loads(x) for x in (run / "config_changes.jsonl").read_text().splitlines()]
+    assert change["step"] == 4 and change["changes"] == {"optim.lr": [lr0, 0.0001], "train.max_steps": [4, 6]}
+    res = json.loads((run / "results.json").read_text())
+    assert res["config_changes"] == [change]
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "lr" in r}
+    assert lrs[5] <= 0.0001 < lrs[4]  # the new peak applies from step 5 on: the optimizer ran at what is recorded
+    # the next resume compares with the checkpoint's own config (lr 1e-4 now), not the original config.yaml
+    again = cli("pretrain", *common, "train.max_steps=8", "train.resume=auto", "optim.lr=0.0001")
+    assert again.exit_code == 0, again.output[-2000:]
+    last = json.loads((run / "config_changes.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 6 and last["changes"] == {"train.max_steps": [6, 8]}
+
+
+def test_hydra_failure_line_never_shows_a_secret(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A crash inside a job: Hydra prints "Error executing job with overrides: [...]" itself; the value is masked."""
+    from phase6.launch import run_job
+
+    def crashes(cfg: object) -> None:
+        raise RuntimeError("engine crashed")
+
+    with pytest.raises(SystemExit):
+        run_job(
+            "serve_bench",
+            ["experiment=smoke", f"+serve.engine_args.api-key={SECRET}h", f"run.dir={tmp_path / 'R'}"],
+            main=crashes,
+        )
+    out, err = capfd.readouterr()
+    assert "Error executing job with overrides" in err and "api-key" in err, err
+    assert f"{SECRET}h" not in out + err
+    # a bad override quoted back in the one-line error is masked too
+    r = cli("serve-bench", "experiment=smoke", f"+serve.engine_args.api-key={SECRET}q", "serve.tp=zero")
+    assert r.exit_code == 2 and f"{SECRET}q" not in r.output, r.output
+
+
+def test_a_full_disk_is_one_line_and_the_run_is_marked_failed(tmp_path: Path) -> None:
+    """A real ENOSPC from the kernel: the results file being written is /dev/full."""
+    run = tmp_path / "R"
+    run.mkdir()
+    (run / "results.json.tmp").symlink_to("/dev/full")
+    r = cli("cost", f"run.dir={run}", "hours=1")
+    err = r.stderr.strip()
+    assert r.exit_code == 2 and "\n" not in err and "Traceback" not in r.output, r.output[-3000:]
+    assert err.startswith("phase6: error: ") and "No space left on device" in err and "ENOSPC" in err, err
+    res = json.loads((run / "results.json").read_text())  # written into the bytes reserved at the start
+    assert res["status"] == "failed" and "No space left on device" in res["error"]
+
+
+def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    if os.geteuid() == 0:  # root writes through permission bits: make the directory immutable instead
+        if subprocess.run(["chattr", "+i", str(parent)], capture_output=True).returncode != 0:
+            pytest.skip("root without chattr +i on this file system: cannot make a directory unwritable")
+    else:
+        parent.chmod(0o500)
+    try:
+        r = cli("cost", f"run.dir={parent / 'R'}", "hours=1")
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(parent)], check=True)
+        parent.chmod(0o700)
+    err = r.stderr.strip()
+    assert r.exit_code == 2 and "\n" not in err and "Traceback" not in r.output, r.output[-3000:]
+    assert err.startswith(f"phase6: error: run.dir: {parent / 'R'}: not writable"), err
