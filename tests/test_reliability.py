@@ -7,6 +7,8 @@ from __future__ import annotations
 import gzip
 import http.server
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -354,11 +356,8 @@ time.sleep(120)
 """
 
 
-def _holder(run: Path) -> "subprocess.Popen[str]":
+def _holder(run: Path) -> subprocess.Popen[str]:
     """A second process that takes ``run``'s writer lock and sleeps (a live writer)."""
-    import os
-    import subprocess
-
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
