@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import http.server
 import json
+import math
 import os
 import subprocess
 import sys
@@ -497,3 +498,112 @@ def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
     err = r.stderr.strip()
     assert r.exit_code == 2 and "\n" not in err and "Traceback" not in r.output, r.output[-3000:]
     assert err.startswith(f"phase6: error: run.dir: {parent / 'R'}: not writable"), err
+
+
+def _row(results: list, **kw: object) -> tuple[dict, dict]:
+    from phase6.config.slo import SLOConfig
+    from phase6.serving.client import RunOutcome
+    from phase6.serving.stats import summarize
+
+    out = RunOutcome(results, duration_s=10.0, first_dispatch_s=0.0)
+    return summarize(
+        out, engine="vllm", tp=1, concurrency=None, request_rate=2.0, num_gpus=1, usd_per_gpu_hour=1.0, slo=SLOConfig()
+    )
+
+
+def _answer(i: int, chunks: list[float], out: int = 8) -> object:
+    from phase6.serving.client import RequestResult
+
+    r = RequestResult(i, 0.0, ok=True, dispatch_s=0.0, send_s=0.0, chunk_times_s=chunks, tokens_source="usage")
+    r.chunk_tokens = [1] * len(chunks)
+    r.output_tokens, r.end_s = out, chunks[-1]
+    return r
+
+
+def test_tokens_the_client_could_not_time_are_counted_not_timed_as_0_ms() -> None:
+    """The smoke_vllm Poisson row on a loaded box: 56 of 80 answers arrived in one socket read each (every event of
+    an answer stamped alike). TPOT/ITL come from the 24 timed answers; the row counts the rest; never TPOT 0."""
+    whole = [_answer(i, [0.3] * 8) for i in range(56)]  # 8 SSE events, one read: TTFT = E2E
+    timed = [_answer(56 + i, [0.2 + 0.05 * k for k in range(8)]) for i in range(24)]  # 50 ms apart
+    row, details = _row(whole + timed)
+    assert row["untimed_requests"] == 56 and row["untimed_tokens"] == 56 * 7
+    assert row["tpot_p50_ms"] == pytest.approx(50.0) and row["itl_p50_ms"] == pytest.approx(50.0)
+    assert details["tpot_mean_ms"] == pytest.approx(50.0)
+    # a timed answer whose last three events shared a read: those three tokens give no ITL sample
+    part = _answer(0, [0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.4, 0.4])
+    assert part.coalesced_tokens() == 3 and not part.untimed
+    assert part.timed_itl_samples_s() == pytest.approx([0.05] * 4)
+    row, _ = _row([part])
+    assert row["untimed_tokens"] == 3 and row["tpot_p50_ms"] == pytest.approx(300 / 7)
+    all_whole, _ = _row(whole)
+    assert all_whole["untimed_requests"] == 56
+    assert math.isnan(all_whole["tpot_p50_ms"]) and math.isnan(all_whole["itl_p50_ms"])  # missing, not 0
+
+
+def test_server_side_tpot_and_itl_from_metrics_sit_beside_the_clients_with_a_warning_past_the_bound() -> None:
+    from phase6.serving import telemetry
+    from phase6.serving.stats import SERVER_CLIENT_BOUND, server_side_latency
+
+    def expo(n: int, tpot_sum: float, itl_sum: float, engine: str = "vllm") -> str:
+        tpot = "request_time_per_output_token_seconds" if engine == "vllm" else "time_per_output_token_seconds"
+        return "\n".join(
+            [
+                f'{engine}:{tpot}_sum{{model_name="m"}} {tpot_sum}',
+                f'{engine}:{tpot}_count{{model_name="m"}} {n}',
+                f'{engine}:{tpot}_bucket{{le="0.1",model_name="m"}} {n}',
+                f'{engine}:inter_token_latency_seconds_sum{{model_name="m"}} {itl_sum}',
+                f'{engine}:inter_token_latency_seconds_count{{model_name="m"}} {7 * n}',
+            ]
+        )
+
+    for engine in ("vllm", "sglang"):
+        before = telemetry.parse_prometheus(expo(10, 0.5, 3.5, engine))
+        after = telemetry.parse_prometheus(expo(90, 4.5, 31.5, engine))  # 80 requests at 50 ms, 560 tokens at 50 ms
+        delta = telemetry.counter_deltas(before, after)
+        agree = server_side_latency(delta, {"tpot_mean_ms": 52.0, "itl_mean_ms": 49.0})
+        assert agree["server_tpot_mean_ms"] == pytest.approx(50.0) and agree["server_itl_mean_ms"] == pytest.approx(
+            50.0
+        )
+        assert agree["server_client_warnings"] == []
+        off = server_side_latency(delta, {"tpot_mean_ms": 50.0 * (1 + SERVER_CLIENT_BOUND) + 1, "itl_mean_ms": 0.5})
+        assert len(off["server_client_warnings"]) == 2 and "TPOT" in off["server_client_warnings"][0]
+    none = server_side_latency({}, {"tpot_mean_ms": 50.0})
+    assert none["server_tpot_mean_ms"] is None and "no such histogram" in none["server_tpot_missing"]
+
+
+def test_the_readiness_probe_and_the_client_send_the_api_key_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that wants a key: 401 without $OPENAI_API_KEY (one line naming it), ready with it."""
+    from phase6.serving import server as servers
+
+    key = "k-" + SECRET
+    seen: list[str | None] = []
+
+    class Keyed(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            ok = self.path == "/health" or self.headers.get("Authorization") == f"Bearer {key}"
+            body = json.dumps({"data": [{"id": "m"}]} if ok else {"error": "unauthorized"}).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Keyed)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        with pytest.raises(UserError, match=r"/v1/models 401 .*OPENAI_API_KEY is not set"):
+            servers.Server("vllm", url).wait_ready(30)
+        monkeypatch.setenv("OPENAI_API_KEY", key)
+        s = servers.Server("vllm", url)
+        s.wait_ready(30)
+        assert s.model_id == "m" and seen[-1] == f"Bearer {key}"
+        assert SECRET not in json.dumps(s.info())
+    finally:
+        srv.shutdown()

@@ -308,6 +308,8 @@ class RequestResult:
             "end_s": self.end_s,
             "ttft_s": self.ttft_s,
             "e2e_s": self.e2e_s,
+            "untimed": self.untimed,
+            "coalesced_tokens": self.coalesced_tokens(),
             "tpot_s": self.tpot_s,
             "queue_s": self.queue_s,
             "dispatch_lag_s": self.dispatch_lag_s,
