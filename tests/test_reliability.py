@@ -607,3 +607,24 @@ def test_the_readiness_probe_and_the_client_send_the_api_key_from_the_environmen
         assert SECRET not in json.dumps(s.info())
     finally:
         srv.shutdown()
+
+
+def test_report_keeps_the_failed_banner_and_the_refusal_advises_only_keys_the_job_has(tmp_path: Path) -> None:
+    from phase6.launch import run_job
+    from phase6.runrecord import RunRecord
+
+    def fails(cfg: object) -> None:
+        RunRecord(cfg, "cost")
+        raise UserError("data.path: x.jsonl: line 4: not valid JSON")
+
+    with pytest.raises(UserError):
+        run_job("cost", [f"run.dir={tmp_path / 'F'}"], main=fails)
+    assert cli("report", str(tmp_path / "F")).exit_code == 0
+    md = (tmp_path / "F" / "results.md").read_text()
+    assert "**FAILED**: data.path: x.jsonl: line 4" in md, md
+    # a reused run dir: only pretrain has train.resume, so only pretrain's refusal suggests it
+    for job, args in (("cost", []), ("serve-bench", ["experiment=smoke"]), ("dpo", ["experiment=smoke"])):
+        r = cli(job, *args, f"run.dir={tmp_path / 'F'}")
+        assert r.exit_code == 2 and "another run's records" in r.stderr and "train.resume" not in r.stderr, r.stderr
+    r = cli("pretrain", "experiment=smoke", f"run.dir={tmp_path / 'F'}", "auto_prepare=false")
+    assert r.exit_code == 2 and "train.resume=auto" in r.stderr, r.stderr
