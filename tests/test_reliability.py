@@ -460,6 +460,11 @@ def test_hydra_failure_line_never_shows_a_secret(tmp_path: Path, capfd: pytest.C
     out, err = capfd.readouterr()
     assert "Error executing job with overrides" in err and "api-key" in err, err
     assert f"{SECRET}h" not in out + err
+    # a sweep: Hydra's launcher lists every member's overrides ("#0 : ...") on the console
+    sweep = ["experiment=smoke", f"+serve.engine_args.api-key={SECRET}m", "load.concurrency=1,2"]
+    run_job("serve_bench", [*sweep, f"run.dir={tmp_path / 'S'}"], multirun=True, main=lambda cfg: None)
+    out, err = capfd.readouterr()
+    assert "#1 : " in out + err and "api-key" in out + err and f"{SECRET}m" not in out + err, out + err
     # a bad override quoted back in the one-line error is masked too
     r = cli("serve-bench", "experiment=smoke", f"+serve.engine_args.api-key={SECRET}q", "serve.tp=zero")
     assert r.exit_code == 2 and f"{SECRET}q" not in r.output, r.output
@@ -475,6 +480,7 @@ def test_a_full_disk_is_one_line_and_the_run_is_marked_failed(tmp_path: Path) ->
     assert r.exit_code == 2 and "\n" not in err and "Traceback" not in r.output, r.output[-3000:]
     assert err.startswith("phase6: error: ") and "No space left on device" in err and "ENOSPC" in err, err
     res = json.loads((run / "results.json").read_text())  # written into the bytes reserved at the start
+    assert not (run / ".results.reserve").exists()
     assert res["status"] == "failed" and "No space left on device" in res["error"]
 
 

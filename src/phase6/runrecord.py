@@ -3,8 +3,8 @@
     <run dir>/config.yaml     resolved config (secrets redacted)
     <run dir>/env.json        git sha + dirty flag, package versions, GPUs, host, command line
     <run dir>/metrics.jsonl   one JSON object per logged step
-    <run dir>/results.json    {"job", "status", "rows", "predicted", "measured", "cost", ...}; "status": "running"
-                              from the start, "complete" or "failed" (with "error") at the end
+    <run dir>/results.json    {"job", "status", "rows", "predicted", "measured", "cost", ...}; written at the end,
+                              "status": "complete" or "failed" (with "error"); a run killed before has none
     <run dir>/config_changes.jsonl  what each resume changed, at which step (config.yaml stays the original)
     <run dir>/.phase6.lock    the writer's lock (flock) while the run is live: pid, host, start time
     <run dir>/results.md      the same tables as markdown
@@ -175,8 +175,6 @@ def render_markdown(results: dict[str, Any], plots: list[str] | None = None) -> 
     out = [f"# {results.get('job', 'run')} results\n"]
     if results.get("status") == "failed":  # the banner `RunRecord.fail` writes; `phase6 report` keeps it
         out.append(f"**FAILED**: {results.get('error') or 'no reason recorded'}\n")
-    elif results.get("status") == "running":
-        out.append(f"**NOT FINISHED**: started {results.get('started')}, still running or killed\n")
     if results.get("title"):
         out.append(f"{results['title']}\n")
     out += ["## Results\n", markdown_table(results.get("rows", []))]
@@ -216,7 +214,8 @@ def wandb_mode(requested: str | None) -> str:
 
 
 RESERVED_BYTES = 4096
-"""results.json is padded to this size when a run starts (see ``RunRecord.fail``)."""
+RESERVE_FILE = ".results.reserve"
+"""RESERVED_BYTES written when a run starts, where ``RunRecord.fail`` can still write on a full disk."""
 RECORD_FILES = ("config.yaml", "env.json", "metrics.jsonl", "results.json", "predicted.json", "checkpoints")
 """What a phase6 run leaves in its directory; any of these marks the directory as holding a run."""
 
@@ -407,9 +406,8 @@ class RunRecord:
         if not (resumed and (self.dir / "config.yaml").is_file()):  # a resume keeps the original; changes: below
             (self.dir / "config.yaml").write_text(yaml.safe_dump({"job": job, **self.config_dict}, sort_keys=False))
         # Room for the failed status, taken while the disk has some: a run stopped by a full disk can still say so
-        # (``fail`` overwrites these bytes in place when a new file cannot be written).
-        running = json.dumps({"job": job, "status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        (self.dir / "results.json").write_text(running + " " * max(0, RESERVED_BYTES - len(running)))
+        # (``fail`` writes into these bytes in place and renames the file to results.json; ``finish`` removes it).
+        (self.dir / RESERVE_FILE).write_bytes(b" " * RESERVED_BYTES)
         (self.dir / "env.json").write_text(json.dumps(env_info(list(cfg.run.overrides)), indent=2))
         self._metrics_f = open(self.dir / "metrics.jsonl", "a", buffering=1)
         logger = getattr(cfg, "logger", None)
@@ -511,6 +509,7 @@ class RunRecord:
             results["wall_time_s"] = wall() - self.t0
             results = redact(json.loads(dumps(results)))
             self._write_results(results)
+            (self.dir / RESERVE_FILE).unlink(missing_ok=True)
             plots = sorted(str(p.relative_to(self.dir)) for p in self.plots_dir.glob("*.png"))
             (self.dir / "results.md").write_text(render_markdown(results, plots))
             if self._console is not None and rows:  # fitted to the terminal width; results.md has everything
@@ -537,9 +536,11 @@ class RunRecord:
             except OSError:
                 (self.dir / "results.json.tmp").unlink(missing_ok=True)
                 text = json.dumps({**results, "error": results["error"][: RESERVED_BYTES // 2]}).encode()
-                with open(self.dir / "results.json", "r+b") as f:  # no new blocks: the reserved ones are reused
-                    size = os.fstat(f.fileno()).st_size
-                    f.write(text + b" " * max(0, size - len(text)))
+                with open(self.dir / RESERVE_FILE, "r+b") as f:  # no new blocks: the reserved ones are reused
+                    f.write(text)
+                    f.truncate(len(text))
+                os.replace(self.dir / RESERVE_FILE, self.dir / "results.json")
+            (self.dir / RESERVE_FILE).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 (self.dir / "results.md").write_text(render_markdown(results))
         with contextlib.suppress(OSError):
