@@ -634,3 +634,25 @@ def test_report_keeps_the_failed_banner_and_the_refusal_advises_only_keys_the_jo
         assert r.exit_code == 2 and "another run's records" in r.stderr and "train.resume" not in r.stderr, r.stderr
     r = cli("pretrain", "experiment=smoke", f"run.dir={tmp_path / 'F'}", "auto_prepare=false")
     assert r.exit_code == 2 and "train.resume=auto" in r.stderr, r.stderr
+
+
+def test_resume_policy_refuses_what_would_invalidate_the_run_and_returns_the_rest() -> None:
+    """The fast half of the resume check (the slow test runs it through pretrain): which keys may change."""
+    from dataclasses import asdict
+
+    from phase6.config.pretrain import resume_changes
+    from phase6.launch import load_config
+
+    saved = asdict(load_config("pretrain", ["experiment=smoke"]))
+    new = asdict(load_config("pretrain", ["experiment=smoke", "train.max_steps=80", "train.val_every=5"]))
+    new["run"]["dir"], new["train"]["resume"] = "/elsewhere", "auto"  # where/how it runs: never compared
+    assert resume_changes(saved, new, "ck.pt") == {
+        "train.max_steps": [saved["train"]["max_steps"], 80],
+        "train.val_every": [saved["train"]["val_every"], 5],
+    }
+    for key, value in (("model.n_embd", 128), ("run.seed", 7), ("optim.algorithm", "muon"), ("data.out_dir", "x")):
+        group, field = key.split(".")
+        bad = asdict(load_config("pretrain", ["experiment=smoke"]))
+        bad[group][field] = value
+        with pytest.raises(ValueError, match=rf"^train.resume: ck.pt was trained with a different {key} "):
+            resume_changes(saved, bad, "ck.pt")

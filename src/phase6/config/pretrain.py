@@ -51,6 +51,7 @@ RESUME_MUTABLE = (
     "logger.",
     "predict.",
     "run.name",
+    "data.num_workers",
     "device",
     "auto_prepare",
 )
