@@ -93,6 +93,45 @@ def wrong_manifest_total(shards: Path, tmp: Path) -> Path:
     return d
 
 
+_KEEP: list[object] = []  # listening sockets and servers of the cases below, alive until the session ends
+
+
+def silent_endpoint() -> int:
+    """A port that accepts connections and never answers a byte (a hung server)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    _KEEP.append(s)
+    return s.getsockname()[1]
+
+
+def http_endpoint(status: int) -> int:
+    """A port where an HTTP server answers every request with ``status`` (404: a wrong server; 401: one that wants
+    an API key)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _KEEP.append(srv)
+    return srv.server_address[1]
+
+
+def busy_port() -> int:
+    """A port another process-like listener holds (serve.port already in use)."""
+    return silent_endpoint()
+
+
 GOOD_PAIR = {"prompt": "What is 2+2?", "chosen": "4", "rejected": "5"}
 
 
@@ -198,12 +237,58 @@ CASES = [
         lambda t, s: ["experiment=smoke", f"--endpoint=http://127.0.0.1:{dead_port()}"],
         "serve.endpoint",
     ),
+    Case(
+        "serve-silent-endpoint",
+        "serve-bench",
+        lambda t, s: [
+            "experiment=smoke",
+            f"--endpoint=http://127.0.0.1:{silent_endpoint()}",
+            "serve.ready_timeout_s=3",
+            "serve.random_model=null",
+        ],
+        "not ready after 3 s",
+    ),
+    Case(
+        "serve-endpoint-404",
+        "serve-bench",
+        lambda t, s: [
+            "experiment=smoke",
+            f"--endpoint=http://127.0.0.1:{http_endpoint(404)}",
+            "serve.random_model=null",
+        ],
+        "not an OpenAI-compatible server",
+    ),
+    Case(
+        "serve-endpoint-401",
+        "serve-bench",
+        lambda t, s: [
+            "experiment=smoke",
+            f"--endpoint=http://127.0.0.1:{http_endpoint(401)}",
+            "serve.random_model=null",
+        ],
+        "OPENAI_API_KEY",
+    ),
+    Case(
+        "serve-port-in-use", "serve-bench", lambda t, s: ["experiment=smoke", f"serve.port={busy_port()}"], "serve.port"
+    ),
+    Case(
+        "serve-engine-refuses-a-flag",
+        "serve-bench",
+        lambda t, s: ["experiment=smoke", "+serve.engine_args.no-such-flag=1"],
+        "No such option '--no-such-flag'",
+    ),
     # --- dpo: malformed rows, checked before a model is built; a dead judge before training
     Case("dpo-bad-json", "dpo", dpo_rows([b"{not json"]), "pairs.jsonl: line 4"),
     Case("dpo-missing-field", "dpo", dpo_rows([b'{"prompt": "x", "chosen": "y"}']), "rejected"),
     Case("dpo-null-field", "dpo", dpo_rows([b'{"prompt": "x", "chosen": null, "rejected": "z"}']), "pairs.jsonl"),
     Case("dpo-empty-field", "dpo", dpo_rows([b'{"prompt": "x", "chosen": "", "rejected": "z"}']), "pairs.jsonl"),
     Case("dpo-non-utf8", "dpo", dpo_rows([b'{"prompt": "\xff\xfe"}']), "UTF-8"),
+    Case(
+        "dpo-lone-surrogate",
+        "dpo",
+        dpo_rows([b'{"prompt": "x", "chosen": "a\\ud800b", "rejected": "z"}']),
+        "pairs.jsonl: line 4: field chosen",
+    ),
     Case("dpo-bad-json-gz", "dpo", dpo_rows([b"{not json"], "pairs.jsonl.gz"), "pairs.jsonl.gz: line 4"),
     Case(
         "dpo-dead-judge",

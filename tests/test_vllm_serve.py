@@ -86,11 +86,16 @@ def test_smoke_vllm_rows_metrics_and_version(sweep: Path) -> None:
         assert row["completed"] == det["planned"] == det["sent"] > 0
         assert row["throughput_tok_s"] > 0 and 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"]
         # a loaded CPU server can deliver a whole answer in one socket read (measured: all 20 answers of the C=1
-        # row in one run): TPOT 0 and no ITL sample for it -- never a 0 ms ITL sample for tokens of one delivery
+        # row in one run): no TPOT and no ITL sample for it, counted as untimed -- never a 0 ms TPOT or ITL
         reqs = [json.loads(x) for x in (sweep / str(i) / "requests.jsonl").read_text().splitlines()]
         streamed = sum(len(set(q["chunk_times_s"])) > 1 for q in reqs)
-        assert (row["itl_p50_ms"] is None) == (streamed == 0) and (row["itl_p50_ms"] or 1.0) > 0, row
-        assert row["tpot_p50_ms"] >= 0
+        whole = sum(len(set(q["chunk_times_s"])) == 1 and q["output_tokens"] > 1 for q in reqs)
+        assert row["untimed_requests"] == whole == sum(q["untimed"] for q in reqs), row
+        assert row["untimed_tokens"] == sum(q["coalesced_tokens"] for q in reqs)
+        assert (row["tpot_p50_ms"] is None) == (whole == len(reqs)) and (row["tpot_p50_ms"] or 1.0) > 0, row
+        assert (row["itl_p50_ms"] is None) or row["itl_p50_ms"] > 0, row
+        # the server's own decode timing from /metrics beside the client's (vLLM's histograms)
+        assert det["server_itl_mean_ms"] > 0 and det["server_tpot_mean_ms"] > 0, det
         streamed_rows += streamed > 0
         assert det["tokens_from_usage_pct"] == 100.0  # continuous_usage_stats: usage in every chunk
         # the server's own count of generated tokens over the measured run == the usage the client saw, exactly
@@ -188,3 +193,31 @@ def test_tp2_row(sweep: Path, tmp_path: Path) -> None:
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
     sm = r["server_metrics"]
     assert sm["delta"]["generation_tokens_total"] == r["details"]["output_tokens"]
+
+
+def test_a_vllm_server_started_with_an_api_key_is_benchmarked_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`vllm serve --api-key K` (through serve.engine_args) and $OPENAI_API_KEY=K: the readiness probe, the requests
+    and the /metrics scrapes authenticate; the key is in no file of the run; the server refuses a request without it."""
+    import httpx
+
+    key = "sk-phase6-test-" + "7f3a9c1e5b2d4f60"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    d = tmp_path / "keyed"
+    args = ["serve-bench", "experiment=smoke_vllm", "load=smoke_vllm_c1", "hydra.mode=RUN", f"run.dir={d}"]
+    result = CliRunner().invoke(app, [*args, f"+serve.engine_args.api-key={key}"])
+    try:
+        assert result.exit_code == 0, result.output[-4000:]
+        res = json.loads((d / "results.json").read_text())
+        assert res["rows"][0]["completed"] == res["details"]["planned"] > 0, res["details"]["errors"]
+        srv = servers.cached(load_config("serve_bench", [*args[1:], f"+serve.engine_args.api-key={key}"]).serve)
+        assert srv is not None
+        with httpx.Client(trust_env=False) as c:
+            assert c.get(srv.base_url + "/v1/models").status_code == 401  # the key was really required
+        for f in d.rglob("*"):
+            if f.is_file():
+                assert key not in f.read_bytes().decode(errors="ignore"), f
+        assert key not in result.output
+    finally:
+        servers.stop_all()

@@ -27,9 +27,9 @@ import yaml
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from phase6 import metrics
-from phase6.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from phase6.checkpoint import latest_checkpoint, load_checkpoint, read_checkpoint_meta, save_checkpoint
 from phase6.config import CONFIG_DIR
-from phase6.config.pretrain import ModelConfig, PretrainRunConfig, check_precision
+from phase6.config.pretrain import ModelConfig, PretrainRunConfig, check_precision, resume_changes
 from phase6.cost import run_cost
 from phase6.data.loader import ShardLoader, ValLoader, mark_verified
 from phase6.data.prepare import ensure_prepared
@@ -42,7 +42,8 @@ from phase6.models.hf import export_hf, hf_tokenizer
 from phase6.optim import build_optimizer, build_scheduler, clip_grad_norm
 from phase6.parallel import parallelize, set_grad_sync
 from phase6.plan.pretrain import LossReference, PretrainPrediction, predict_pretrain
-from phase6.runrecord import RunRecord
+from phase6.redact import redact
+from phase6.runrecord import RunRecord, dumps
 from phase6.timing import wall
 
 OVERFIT_TARGET = 0.1  # train.sanity=overfit_batch passes when the final loss is below this
@@ -207,6 +208,22 @@ def preflight_shards(data_dir: str, info: DistInfo) -> Manifest | None:
 # the run
 
 
+def resume_config_changes(ckpt: Path, this_config: dict[str, Any]) -> dict[str, list[Any]]:
+    """The keys this resumed run changes (applied, recorded), from the config the checkpoint was trained with (its
+    ``meta.config``; an older checkpoint without it: the run's config.yaml); a key that cannot change is a
+    UserError naming it."""
+    saved = read_checkpoint_meta(ckpt)["meta"].get("config")
+    if saved is None:
+        original = ckpt.parent.parent / "config.yaml"
+        if not original.is_file():
+            return {}
+        saved = {k: v for k, v in (yaml.safe_load(original.read_text()) or {}).items() if k != "job"}
+    try:
+        return resume_changes(saved, this_config, str(ckpt))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def main(cfg: PretrainRunConfig) -> dict[str, Any]:
     info = init_distributed(cfg.device)
     try:
@@ -245,8 +262,12 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         tokenizer = hf_tokenizer(manifest.tokenizer.name, cfg.data.tokenizer_dir, bpe_file)
     elif tc.export_hf and manifest is None:
         tokenizer = hf_tokenizer("gpt2", cfg.data.tokenizer_dir)
+    # --- resume: the checkpoint's config against this one, before the run record is touched ---
+    ckpt_dir = Path(cfg.run.dir) / "checkpoints"
+    resume = latest_checkpoint(ckpt_dir) if tc.resume == "auto" else (Path(tc.resume) if tc.resume else None)
+    this_config = redact(json.loads(dumps(dataclasses.asdict(cfg))))
+    changes = resume_config_changes(resume, this_config) if resume is not None else {}
     rec = RunRecord(cfg, job="pretrain", rank=info.rank)
-    ckpt_dir = rec.dir / "checkpoints"
 
     # --- model: built on the target device with the run seed ---
     with torch.device(device):
@@ -280,12 +301,22 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
 
     # --- resume: model, optimizer, scheduler, loader position, RNG ---
     step = 0
-    resume = latest_checkpoint(ckpt_dir) if tc.resume == "auto" else (Path(tc.resume) if tc.resume else None)
     if resume is not None:
+        base_lrs = list(sched.base_lrs)  # this config's peak LRs; the checkpoint's replace them on load
         state = load_checkpoint(resume, model, opt, sched)
         step = state["step"]
         train_loader.load_state_dict(state["data"])
         rec.print(f"resumed from {resume} at step {step}")
+        if changes:
+            if any(k.startswith("optim.") for k in changes):  # the new schedule from this step on
+                sched.base_lrs = base_lrs
+                for group, base, factor in zip(opt.param_groups, base_lrs, sched.lr_lambdas, strict=True):
+                    group["initial_lr"], group["lr"] = base, base * factor(sched.last_epoch)
+                sched._last_lr = [g["lr"] for g in opt.param_groups]  # what get_last_lr() reports for the next step
+            rec.config_change(step, changes, source=str(resume))
+            rec.print(
+                f"resume changes at step {step}: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items())
+            )
 
     # --- the loop ---
     stop_at = min(tc.max_steps, tc.dry_run_steps) if tc.dry_run_steps else tc.max_steps
@@ -353,7 +384,7 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
                 opt,
                 sched,
                 train_loader.state_dict(),
-                meta={"model": dataclasses.asdict(cfg.model), "run": cfg.run.name},
+                meta={"model": dataclasses.asdict(cfg.model), "run": cfg.run.name, "config": this_config},
                 keep=tc.keep_checkpoints,
             )
     loop_s = wall() - t_loop

@@ -28,7 +28,7 @@ from phase6.serving import server as servers
 from phase6.serving import telemetry
 from phase6.serving.client import request_body, run_benchmark
 from phase6.serving.plots import plot_latency_cdfs, plot_timeseries, plot_vs_load
-from phase6.serving.stats import summarize
+from phase6.serving.stats import server_side_latency, summarize
 from phase6.serving.workload import BenchWorkload, build_workload
 from phase6.timing import wall
 
@@ -254,6 +254,9 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
     )
     server_counters = server_counter_record(rec.dir, scrapes, outcome)
     details["server_generation_tokens_delta"] = server_counters.get("delta", {}).get("generation_tokens_total")
+    details.update(server_side_latency(server_counters.get("delta", {}), details))  # the server's TPOT/ITL beside ours
+    for w in details["server_client_warnings"]:
+        rec.print(f"serve-bench: WARNING {w}")
     t0 = starts[0] if starts else wall()
     tele = telemetry.summarize(
         sampler.out, t0 + outcome.first_dispatch_s, t0 + outcome.first_dispatch_s + outcome.duration_s
@@ -321,6 +324,13 @@ def main(cfg: ServeBenchRunConfig) -> dict[str, Any]:
             f"GPU-h per 1M output tokens = {cfg.serve.tp} GPUs x 1e6 / (3600 x output tok/s); "
             f"$ = that x ${cfg.hardware.usd_per_gpu_hour}/GPU-h ({cfg.hardware.source}, {cfg.hardware.date}). "
             "API comparison: our $/1M output tokens charges all GPU time to output tokens."
+        ),
+        "Untimed tokens": (
+            f"{row['untimed_requests']} answers arrived whole in one socket read (no TPOT: left out of the TPOT "
+            f"percentiles) and {row['untimed_tokens']} tokens came several SSE events to a read (no ITL sample); "
+            "the client could not time them. Server-side means from /metrics: TPOT "
+            f"{details.get('server_tpot_mean_ms')} ms, ITL {details.get('server_itl_mean_ms')} ms"
+            + (f"; WARNING {'; '.join(details['server_client_warnings'])}" if details["server_client_warnings"] else "")
         ),
         "Accounting": (
             f"planned {details['planned']} = completed {row['completed']} + failed {row['failed']} "

@@ -174,6 +174,16 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return state
 
 
+def read_checkpoint_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``meta`` and ``step`` of a checkpoint without reading its tensors into memory (mmap)."""
+    p = Path(path)
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # truncated zip, wrong format, unpickling refused
+        raise ValueError(f"{p}: not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+    return {"step": state.get("step"), "meta": state.get("meta") or {}}
+
+
 def load_checkpoint(
     path: str | os.PathLike[str],
     model: nn.Module,
@@ -194,8 +204,13 @@ def load_checkpoint(
             "resume needs the same number of processes"
         )
     opts = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, state["model"], options=opts)
-    set_optimizer_state_dict(model, _optimizers(optimizer), state["optimizer"], options=opts)
-    scheduler.load_state_dict(state["scheduler"])
+    try:
+        set_model_state_dict(model, state["model"], options=opts)
+        set_optimizer_state_dict(model, _optimizers(optimizer), state["optimizer"], options=opts)
+        scheduler.load_state_dict(state["scheduler"])
+    except (RuntimeError, KeyError, ValueError) as e:  # a different model shape or optimizer than the saving run's
+        raise ValueError(
+            f"{path}: does not fit this model/optimizer ({type(e).__name__}: {str(e).strip().splitlines()[0]})"
+        ) from e
     restore_rng(state["rng"][rank])
     return {"step": state["step"], "data": state["data"][rank], "meta": state["meta"]}

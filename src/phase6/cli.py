@@ -27,8 +27,11 @@ MULTIRUN = typer.Option(False, "-m", "--multirun", help="Run a Hydra sweep over 
 
 
 def fail(msg: str, code: int = EXIT_CONFIG_ERROR) -> None:
-    """One line on stderr, then exit (2 for user mistakes in config or arguments)."""
-    typer.echo(f"phase6: error: {msg}", err=True)
+    """One line on stderr, then exit (2 for user mistakes in config or arguments); secrets in it are masked (a bad
+    override is quoted back)."""
+    from phase6.redact import redact_text
+
+    typer.echo(f"phase6: error: {redact_text(msg)}", err=True)
     raise typer.Exit(code)
 
 
@@ -42,12 +45,17 @@ def one_line_errors() -> Iterator[None]:
 
 
 def run(job: str, overrides: list[str], multirun: bool = False) -> None:
-    from phase6.launch import run_job
+    from phase6.launch import os_error, run_job
 
     try:
         run_job(job, overrides, multirun)
     except ConfigError as e:
         fail(str(e))
+    except OSError as e:  # the disk, permissions or a port, before or after the job itself ran
+        user = os_error(e)
+        if user is None:
+            raise
+        fail(str(user))
 
 
 @app.command(context_settings=OVERRIDES)

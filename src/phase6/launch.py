@@ -6,6 +6,7 @@ sweep fails in a second, not at hour 3. Errors are one line naming the key, exit
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from phase6.config import CONFIG_DIR, JOBS, key_hint, load_object, to_dataclass
 from phase6.errors import EXIT_USER_ERROR, UserError, one_line
-from phase6.redact import redact_logging
+from phase6.redact import RedactingStream, redact_logging
 
 EXIT_CONFIG_ERROR = EXIT_USER_ERROR
 ConfigError = UserError
@@ -235,7 +236,7 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
-    from phase6.runrecord import claim_run_dir, mark_failed
+    from phase6.runrecord import claim_run_dir, mark_failed, unlock_run_dir
 
     configs = preflight(job, overrides, multirun)
     if JOBS[job].preflight and main is None:
@@ -258,7 +259,10 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
         # another run's records in the target: refused (or moved aside), before anything is built or written
         target = Path(sweep_dir if multirun else run_dir)
         existed.append(target.exists())
-        claim_run_dir(target, overwrite=first.run.overwrite, resume=all(resumes(c) for c in configs))
+        resumable = hasattr(getattr(first, "train", None), "resume")  # only pretrain has train.resume
+        claim_run_dir(
+            target, overwrite=first.run.overwrite, resume=all(resumes(c) for c in configs), resumable=resumable
+        )
         return [run_dir, sweep_dir]
 
     existed: list[bool] = []  # rank 0 only: whether the target was there before (kept if the run fails early)
@@ -289,32 +293,65 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
             if os.environ.get(DEBUG_ENV):
                 raise
             raise _JobAbort(e) from e
+        except OSError as e:
+            user = os_error(e)  # the disk, the permissions or the port: the user's to fix, not a crash
+            mark_failed(user or e)
+            if user is None or os.environ.get(DEBUG_ENV):
+                raise
+            raise _JobAbort(user) from e
         except BaseException as e:  # a crash: the run dir says so, Hydra prints the traceback
             mark_failed(e)
             raise
 
     # hydra.main reads its overrides and -m from sys.argv only: it is the one public entry that runs Hydra's sweeper
     # and launcher plugins (the compose API makes one config), so the argv is swapped for the call and restored
-    argv = sys.argv
+    # Hydra echoes the overrides on stdout/stderr itself ("Error executing job with overrides: [...]", a sweep's
+    # "#0 : ..." lines): both streams go through the redaction while it runs.
+    argv, streams = sys.argv, (sys.stdout, sys.stderr)
     sys.argv = [f"phase6-{job}", *job_overrides(job, hydra_args + list(overrides)), *(["-m"] if multirun else [])]
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
     try:
         _task()
     except _JobAbort as abort:
+        unlock_run_dir(target)
         _remove_if_empty(target, target_existed)
         raise UserError(one_line(abort.error)) from abort.error
     except BaseException:
+        unlock_run_dir(target)
         _remove_if_empty(target, target_existed)
         raise
     finally:
         sys.argv = argv
+        sys.stdout, sys.stderr = streams
+        unlock_run_dir(target)
+
+
+OS_ERRORS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EACCES: "not writable by this user",
+    errno.EPERM: "not permitted",
+    errno.EROFS: "read-only file system",
+    errno.EADDRINUSE: "the address is already in use",
+    errno.EMFILE: "too many open files (ulimit -n)",
+}
+"""OS errors that are the environment's, not a bug: the job stops with one line naming the file, exit 2."""
+
+
+def os_error(e: OSError) -> UserError | None:
+    """A UserError naming the file and the reason for an OS error in ``OS_ERRORS``; None for any other."""
+    if e.errno not in OS_ERRORS:
+        return None
+    where = e.filename if e.filename is not None else "run"
+    return UserError(f"{where}: {e.strerror or OS_ERRORS[e.errno]} ({errno.errorcode[e.errno]}: {OS_ERRORS[e.errno]})")
 
 
 def _fresh(path: str) -> str:
-    """``path``, or ``path-1``, ``path-2``, ... : the first that holds no run records."""
-    from phase6.runrecord import run_records
+    """``path``, or ``path-1``, ``path-2``, ... : the first that holds no run records and no writer's lock."""
+    from phase6.runrecord import LOCK_FILE, run_records
 
     candidate, n = path, 1
-    while run_records(Path(candidate)):
+    while run_records(Path(candidate)) or (Path(candidate) / LOCK_FILE).exists():
         candidate, n = f"{path}-{n}", n + 1
     return candidate
 

@@ -142,3 +142,18 @@ def redact(obj: Any) -> Any:
     if isinstance(obj, str):
         return redact_text(obj)
     return obj
+
+
+class RedactingStream:
+    """A text stream (sys.stdout / sys.stderr) whose every write goes through `redact_text` first; the rest of the
+    stream's interface is the wrapped one's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact_text(text) if isinstance(text, str) else text)
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

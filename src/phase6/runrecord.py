@@ -3,7 +3,10 @@
     <run dir>/config.yaml     resolved config (secrets redacted)
     <run dir>/env.json        git sha + dirty flag, package versions, GPUs, host, command line
     <run dir>/metrics.jsonl   one JSON object per logged step
-    <run dir>/results.json    {"job", "rows", "predicted", "measured", "cost", ...}
+    <run dir>/results.json    {"job", "status", "rows", "predicted", "measured", "cost", ...}; written at the end,
+                              "status": "complete" or "failed" (with "error"); a run killed before has none
+    <run dir>/config_changes.jsonl  what each resume changed, at which step (config.yaml stays the original)
+    <run dir>/.phase6.lock    the writer's lock (flock) while the run is live: pid, host, start time
     <run dir>/results.md      the same tables as markdown
     <run dir>/plots/*.png
 
@@ -12,6 +15,8 @@ Only rank 0 writes or logs. The last line a job prints is ``run dir: <path>``.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import json
 import math
@@ -168,6 +173,8 @@ def predicted_vs_measured(predicted: dict[str, Any], measured: dict[str, Any]) -
 
 def render_markdown(results: dict[str, Any], plots: list[str] | None = None) -> str:
     out = [f"# {results.get('job', 'run')} results\n"]
+    if results.get("status") == "failed":  # the banner `RunRecord.fail` writes; `phase6 report` keeps it
+        out.append(f"**FAILED**: {results.get('error') or 'no reason recorded'}\n")
     if results.get("title"):
         out.append(f"{results['title']}\n")
     out += ["## Results\n", markdown_table(results.get("rows", []))]
@@ -206,6 +213,9 @@ def wandb_mode(requested: str | None) -> str:
     return "offline"
 
 
+RESERVED_BYTES = 4096
+RESERVE_FILE = ".results.reserve"
+"""RESERVED_BYTES written when a run starts, where ``RunRecord.fail`` can still write on a full disk."""
 RECORD_FILES = ("config.yaml", "env.json", "metrics.jsonl", "results.json", "predicted.json", "checkpoints")
 """What a phase6 run leaves in its directory; any of these marks the directory as holding a run."""
 
@@ -223,26 +233,122 @@ def run_records(path: Path) -> list[str]:
     return found
 
 
-def claim_run_dir(path: str | Path, *, overwrite: bool, resume: bool) -> None:
+LOCK_FILE = ".phase6.lock"
+"""Inside the run directory: flock'ed by the one process that writes it, for the run's life; holds its pid/host."""
+_LOCKS: dict[str, int] = {}  # run dir -> the open, flock'ed descriptor of its lock file (this process's)
+
+
+def _holder(fd: int) -> str:
+    """The holder recorded in a lock file, as words ("pid 123 on host h, started 2026-...")."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(info, dict) or "pid" not in info:
+        return ""
+    return f"pid {info.get('pid')} on host {info.get('host')}, started {info.get('started')}"
+
+
+def lock_run_dir(path: str | Path) -> None:
+    """Take the exclusive writer lock of run dir ``path`` (created if absent) for this process's life.
+
+    ``fcntl.flock`` on ``<path>/.phase6.lock``: the kernel drops it when the holder exits, however it exits, so a
+    lock file left by a killed process is not held and is taken over (said on stderr). A lock held by a live
+    process refuses this one in one line naming the holder. ``unlock_run_dir`` removes the file.
+    """
+    import fcntl
+
+    from phase6.errors import UserError
+
+    path = Path(path)
+    if str(path) in _LOCKS:
+        return
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        lock = path / LOCK_FILE
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd) or "holder not yet recorded"
+                os.close(fd)
+                raise UserError(
+                    f"run.dir: {path} is being written by another phase6 run ({holder}); wait for it to end, "
+                    "or pick another run.dir"
+                ) from None
+            # the previous holder may have removed the file between our open and flock: lock the one on disk
+            try:
+                same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        stale = _holder(fd)
+        if stale:
+            print(f"run.dir: {path}: took over the lock left by {stale}, which no longer holds it", file=sys.stderr)
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+    except PermissionError as e:  # EACCES / EPERM: run.dir (or its parent) is not writable by this user
+        raise UserError(f"run.dir: {e.filename or path}: not writable ({e.strerror})") from None
+    except OSError as e:
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"run.dir: {e.filename or path}: {e.strerror or e}") from None
+    _LOCKS[str(path)] = fd
+
+
+def unlock_run_dir(path: str | Path | None = None) -> None:
+    """Release the lock of ``path`` (every lock this process holds when None) and remove its lock file."""
+    for key in [str(path)] if path is not None else list(_LOCKS):
+        fd = _LOCKS.pop(key, None)
+        if fd is None:
+            continue
+        lock = Path(key) / LOCK_FILE
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                lock.unlink()  # before the unlock: a waiter that opened this file re-checks the inode and retries
+        except OSError:
+            pass
+        os.close(fd)
+
+
+atexit.register(unlock_run_dir)
+
+
+def claim_run_dir(path: str | Path, *, overwrite: bool, resume: bool, resumable: bool = True) -> None:
     """Make ``path`` safe to write this run's records into, before anything is built.
 
-    Empty or absent: fine. Holding another run's records: refused with one line, unless the run resumes them
-    (``resume``) or ``overwrite`` asks to replace them, which moves the old directory aside, never deletes it.
-    Only rank 0 decides (under torchrun the other ranks would see rank 0's fresh records).
+    First the writer lock (``lock_run_dir``): a live writer refuses this run, resume and overwrite included.
+    Then: empty or absent: fine. Holding another run's records: refused with one line, unless the run resumes them
+    (``resume``) or ``overwrite`` asks to replace them, which moves the old directory aside, never deletes it; the
+    refusal suggests ``train.resume=auto`` only to a job that has it (``resumable``).
+    Only rank 0 decides and holds the lock (under torchrun the other ranks would see rank 0's fresh records).
     """
     from phase6.errors import UserError
 
     path = Path(path)
-    if int(os.environ.get("RANK", "0")) != 0 or resume:
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    lock_run_dir(path)
+    if resume:
         return
     found = run_records(path)
     if not found:
         return
     if not overwrite:
+        unlock_run_dir(path)
         shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        how = "resume it (train.resume=auto), " if resumable else ""
         raise UserError(
-            f"run.dir: {path} holds another run's records ({shown}); resume it (train.resume=auto), pick another "
-            "run.dir, or set run.overwrite=true to move the old one aside"
+            f"run.dir: {path} holds another run's records ({shown}); {how}pick another run.dir, or set "
+            "run.overwrite=true to move the old one aside"
         )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = path.with_name(f"{path.name}.replaced-{stamp}")
@@ -251,11 +357,20 @@ def claim_run_dir(path: str | Path, *, overwrite: bool, resume: bool) -> None:
         aside = path.with_name(f"{path.name}.replaced-{stamp}-{n}")
         n += 1
     os.replace(path, aside)
+    fd = _LOCKS.pop(str(path))  # our lock moved with the old directory: drop it there, take the new one's
+    with contextlib.suppress(OSError):
+        (aside / LOCK_FILE).unlink()
+    os.close(fd)
+    lock_run_dir(path)
     print(f"run.overwrite: moved the previous run in {path} to {aside}", file=sys.stderr, flush=True)
 
 
 # Records opened in this process and not finished: marked failed if the job raises.
 _OPEN: list[RunRecord] = []
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
 def mark_failed(error: BaseException) -> None:
@@ -281,12 +396,18 @@ class RunRecord:
         self._wandb: Any = None
         self._metrics_f = None
         self._console = None
+        self.changes: list[dict[str, Any]] = []
         if not self.is_main:
             return
         self.plots_dir.mkdir(parents=True, exist_ok=True)
         _OPEN.append(self)
         self.config_dict = redact(json.loads(dumps(to_dict(cfg))))
-        (self.dir / "config.yaml").write_text(yaml.safe_dump({"job": job, **self.config_dict}, sort_keys=False))
+        resumed = bool(getattr(getattr(cfg, "train", None), "resume", None))
+        if not (resumed and (self.dir / "config.yaml").is_file()):  # a resume keeps the original; changes: below
+            (self.dir / "config.yaml").write_text(yaml.safe_dump({"job": job, **self.config_dict}, sort_keys=False))
+        # Room for the failed status, taken while the disk has some: a run stopped by a full disk can still say so
+        # (``fail`` writes into these bytes in place and renames the file to results.json; ``finish`` removes it).
+        (self.dir / RESERVE_FILE).write_bytes(b" " * RESERVED_BYTES)
         (self.dir / "env.json").write_text(json.dumps(env_info(list(cfg.run.overrides)), indent=2))
         self._metrics_f = open(self.dir / "metrics.jsonl", "a", buffering=1)
         logger = getattr(cfg, "logger", None)
@@ -322,6 +443,15 @@ class RunRecord:
             )
         finally:
             sys.argv = argv
+
+    def config_change(self, step: int, changes: dict[str, list[Any]], source: str = "") -> None:
+        """A resumed run changed ``changes`` ({key: [old, new]}) from ``step`` on: one line of config_changes.jsonl
+        (config.yaml keeps the original), and a table in results.json/results.md when the run finishes."""
+        entry = redact({"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from": source, "changes": changes})
+        self.changes.append(entry)
+        if self.is_main:
+            with open(self.dir / "config_changes.jsonl", "a") as f:
+                f.write(dumps(entry) + "\n")
 
     def print(self, *args: Any) -> None:
         """A line of prose: the terminal wraps it (rich would break a path in the middle at the console's width)."""
@@ -368,9 +498,18 @@ class RunRecord:
                 if v:
                     results[k] = v
             results.update(extra or {})
+            changes = [json.loads(line) for line in _lines(self.dir / "config_changes.jsonl")]
+            if changes:  # every resume's changes, this one's and earlier ones'
+                results["config_changes"] = changes
+                results.setdefault("tables", {})["Config changes on resume (config.yaml: the original)"] = [
+                    {"step": c["step"], "setting": k, "before": json.dumps(v[0]), "after": json.dumps(v[1])}
+                    for c in changes
+                    for k, v in c["changes"].items()
+                ]
             results["wall_time_s"] = wall() - self.t0
             results = redact(json.loads(dumps(results)))
             self._write_results(results)
+            (self.dir / RESERVE_FILE).unlink(missing_ok=True)
             plots = sorted(str(p.relative_to(self.dir)) for p in self.plots_dir.glob("*.png"))
             (self.dir / "results.md").write_text(render_markdown(results, plots))
             if self._console is not None and rows:  # fitted to the terminal width; results.md has everything
@@ -386,12 +525,26 @@ class RunRecord:
         os.replace(tmp, self.dir / "results.json")
 
     def fail(self, error: str) -> None:
-        """The run stopped on ``error``: results.json/results.md say ``status: failed`` and why (rank 0 only)."""
+        """The run stopped on ``error``: results.json/results.md say ``status: failed`` and why (rank 0 only).
+
+        On a full disk (no room for a new file) results.json is overwritten in place, within the bytes reserved
+        when the run started; results.md is then best effort."""
         if self.is_main:
             results = redact({"job": self.job, "status": "failed", "error": error, "wall_time_s": wall() - self.t0})
-            self._write_results(results)
-            (self.dir / "results.md").write_text(f"# {self.job} results\n\n**FAILED**: {results['error']}\n")
-        self.close()
+            try:
+                self._write_results(results)
+            except OSError:
+                (self.dir / "results.json.tmp").unlink(missing_ok=True)
+                text = json.dumps({**results, "error": results["error"][: RESERVED_BYTES // 2]}).encode()
+                with open(self.dir / RESERVE_FILE, "r+b") as f:  # no new blocks: the reserved ones are reused
+                    f.write(text)
+                    f.truncate(len(text))
+                os.replace(self.dir / RESERVE_FILE, self.dir / "results.json")
+            (self.dir / RESERVE_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                (self.dir / "results.md").write_text(render_markdown(results))
+        with contextlib.suppress(OSError):
+            self.close()
 
     def close(self) -> None:
         if self in _OPEN:

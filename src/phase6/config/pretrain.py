@@ -28,6 +28,79 @@ RESIDUAL_DTYPES = ("fp32", "bf16")
 CE_VOCAB = ("sliced", "padded")
 
 
+RESUME_MUTABLE = (
+    "train.max_steps",
+    "train.val_every",
+    "train.val_tokens",
+    "train.ckpt_every",
+    "train.keep_checkpoints",
+    "train.dry_run_steps",
+    "train.export_hf",
+    "train.dtype",
+    "train.tf32",
+    "optim.name",
+    "optim.lr",
+    "optim.muon_lr",
+    "optim.min_lr_ratio",
+    "optim.schedule",
+    "optim.warmup_steps",
+    "optim.warmdown_steps",
+    "optim.grad_clip",
+    "parallel.",
+    "hardware.",
+    "logger.",
+    "predict.",
+    "run.name",
+    "data.num_workers",
+    "device",
+    "auto_prepare",
+)
+"""Keys a resumed run may change (length, LR schedule, eval and checkpoint cadence, how it runs): applied from the
+resume step on and recorded as a change at that step. Any other changed key is refused (``resume_changes``)."""
+RESUME_IGNORED = ("run.dir", "run.overrides", "run.overwrite", "train.resume", ".justify")
+"""Keys that say where or how a run was started, not what it trains: never compared."""
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(
+        key == p or (p.endswith(".") and key.startswith(p)) or (p.startswith(".") and p[1:] in key.split("."))
+        for p in patterns
+    )
+
+
+def resume_changes(saved: dict[str, Any], new: dict[str, Any], where: str) -> dict[str, list[Any]]:
+    """{key: [saved value, new value]} of the keys a resume may change (RESUME_MUTABLE) that it does change.
+
+    ``saved`` is the config the checkpoint was trained with, ``new`` this run's (both as plain nested dicts);
+    a changed key outside RESUME_MUTABLE (model shape, data, seed, optimizer kind and its state-held
+    hyperparameters, batch geometry) raises one ValueError naming ``where`` (the checkpoint) and every such key.
+    """
+    a, b = _flat(saved), _flat(new)
+    changed = {
+        k: [a.get(k), b.get(k)]
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) and not _matches(k, RESUME_IGNORED)
+    }
+    refused = {k: v for k, v in changed.items() if not _matches(k, RESUME_MUTABLE)}
+    if refused:
+        shown = "; ".join(f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(refused.items())[:6])
+        raise ValueError(
+            f"train.resume: {where} was trained with a different {', '.join(refused)} ({shown}); a resume may only "
+            "change the length, LR schedule, eval/checkpoint cadence and how it runs; start a new run.dir instead"
+        )
+    return {k: v for k, v in changed.items() if _matches(k, RESUME_MUTABLE)}
+
+
 def flatten_options(options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """{"triton": {"cudagraphs": False}} -> {"triton.cudagraphs": False}: inductor's dotted option names (a Hydra
     command-line key `parallel.inductor.triton.cudagraphs=false` arrives nested)."""

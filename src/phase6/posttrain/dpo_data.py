@@ -108,6 +108,8 @@ def read_rows(path: str | Path, split: str = "train", data_dir: str | None = Non
             if not all(isinstance(r, dict) for r in rows):
                 bad = next(i for i, r in enumerate(rows) if not isinstance(r, dict))
                 raise ValueError(f"{p}: row {bad}: expected a JSON object, got {type(rows[bad]).__name__}")
+            for i, r in enumerate(rows):
+                _check_encodable(r, f"{p}: row {i}")
             return rows
         rows = []
         for lineno, line in enumerate(text.splitlines(), start=1):
@@ -119,6 +121,7 @@ def read_rows(path: str | Path, split: str = "train", data_dir: str | None = Non
                 raise ValueError(f"{p}: line {lineno}: not valid JSON ({e.msg})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{p}: line {lineno}: expected a JSON object, got {type(row).__name__}")
+            _check_encodable(row, f"{p}: line {lineno}")
             rows.append(row)
         return rows
     # A hub dataset id; at run time HF_HUB_OFFLINE=1 makes this read the local cache only.
@@ -126,6 +129,25 @@ def read_rows(path: str | Path, split: str = "train", data_dir: str | None = Non
 
     ds = load_dataset(str(path), data_dir=data_dir, split=split)
     return [dict(r) for r in ds]
+
+
+def _check_encodable(value: Any, where: str, key: str = "") -> None:
+    """JSON's \\ud800-style escapes can spell a lone UTF-16 surrogate, valid JSON but no text: no tokenizer can
+    encode it. A ValueError naming the row and the field, before a model is built."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"{where}: field {key or '?'}: a lone UTF-16 surrogate {value[e.start]!r} at character {e.start} "
+                "(not text; a broken \\u escape in the source)"
+            ) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_encodable(v, where, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_encodable(v, where, f"{key}[{i}]")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -20,9 +20,12 @@ Per request (all times on ``phase6.timing.wall``, relative to the run start ``t0
   split), so ITL stays per token when a server bundles tokens (transformers: 64 tokens in 53 chunks). Chunks
   completed by the same socket read (same timestamp) are one delivery of their summed tokens: on a loaded host
   several SSE events arrive in one read, and their 0 s spacing is an artefact of the read, not an inter-token gap.
+  Untimed tokens: the tokens of such a coalesced delivery (several events, one read) were not timed by the client:
+  the row's ITL leaves them out (``timed_itl_samples_s``) and counts them (``untimed_tokens``); an answer that
+  arrived whole in one read has no TPOT (``untimed``, counted as ``untimed_requests``), never TPOT 0.
 - Output tokens: the server's final ``usage.completion_tokens``; fallback the tokenizer count of the text, then
   the number of content chunks, flagged in ``tokens_source``.
-- E2E: send -> last content chunk. TPOT = (E2E - TTFT) / (output tokens - 1).
+- E2E: send -> last content chunk. TPOT = (E2E - TTFT) / (output tokens - 1), over the timed answers.
 - Success: HTTP 200, at least one content chunk, and a ``finish_reason`` or ``[DONE]`` (transformers sends no
   ``[DONE]``); anything else (HTTP error, malformed SSE, error event, disconnect, read stall, timeout, run
   deadline, server exit) is a failure with its reason. Accounting: sent = completed + failed, always.
@@ -40,6 +43,7 @@ import os
 import resource
 import select
 import selectors
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -52,6 +56,17 @@ from phase6.timing import wall
 
 T = TypeVar("T")
 API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+API_KEY_ENV = "OPENAI_API_KEY"
+"""The environment variable holding a server's API key (``vllm serve --api-key``, SGLang's ``--api-key``): the one
+the OpenAI client and ``vllm bench serve`` read. Sent as ``Authorization: Bearer``; never written anywhere."""
+
+
+def auth_headers() -> dict[str, str]:
+    """``{"Authorization": "Bearer <key>"}`` when $OPENAI_API_KEY is set, else none."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 GC_VALVE = 2_000_000
 """Net tracked allocations after which a run with the collector off still collects its young generations."""
 _decode = json.JSONDecoder().decode  # str in, no encoding sniffing: the per-chunk hot path
@@ -217,10 +232,26 @@ class RequestResult:
 
     @property
     def tpot_s(self) -> float:
-        """(E2E - TTFT) / (out - 1); NaN for a single-token answer (excluded from TPOT stats, passes the SLO)."""
-        if self.output_tokens <= 1 or not self.chunk_times_s:
+        """(E2E - TTFT) / (out - 1); NaN for a single-token answer (excluded from TPOT stats, passes the SLO) and
+        for an untimed one (``untimed``: every token in one socket read, TTFT = E2E, the client saw no decode)."""
+        if self.output_tokens <= 1 or not self.chunk_times_s or self.untimed:
             return math.nan
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    @property
+    def untimed(self) -> bool:
+        """A multi-token answer that reached the client in one delivery (one socket read): its decode was not
+        observed, so it has no TPOT and no ITL (not 0 ms); counted as ``untimed_requests``."""
+        return self.output_tokens > 1 and len({*self.chunk_times_s}) == 1
+
+    def coalesced_tokens(self) -> int:
+        """Tokens after the first that arrived in a delivery of several SSE events (events completed by one socket
+        read): their spacing is unknown, they give no ITL sample (counted as ``untimed_tokens``)."""
+        n, events = 0, Counter(self.chunk_times_s)
+        for i, (t, k) in enumerate(self.deliveries()):
+            if events[t] > 1:
+                n += k - (1 if i == 0 else 0)
+        return n
 
     def deliveries(self) -> list[tuple[float, int]]:
         """(arrival time, tokens) per delivery: content chunks stamped with the same time (SSE events completed by
@@ -237,9 +268,19 @@ class RequestResult:
 
     def itl_samples_s(self) -> list[float]:
         """Per-token gaps: delivery i (i >= 1) with k_i tokens after gap g_i gives k_i samples of g_i / k_i."""
-        out: list[float] = []
+        return [g for g, _ in self._itl_samples()]
+
+    def timed_itl_samples_s(self) -> list[float]:
+        """``itl_samples_s`` without the samples of deliveries made of several SSE events coalesced by one socket
+        read: when each of those left the server is unknown (their tokens are ``coalesced_tokens``). A server's own
+        multi-token event (one event, k tokens) still gives k samples of g/k. What the row's ITL is made of."""
+        return [g for g, timed in self._itl_samples() if timed]
+
+    def _itl_samples(self) -> list[tuple[float, bool]]:
+        out: list[tuple[float, bool]] = []
         carry = 0.0  # a delivery that carried no new token passes its gap to the next token-bearing one
         d = self.deliveries()
+        events = Counter(self.chunk_times_s)
         for i in range(1, len(d)):
             gap = d[i][0] - d[i - 1][0] + carry
             k = d[i][1]
@@ -247,7 +288,7 @@ class RequestResult:
                 carry = gap
                 continue
             carry = 0.0
-            out.extend([gap / k] * k)
+            out.extend([(gap / k, events[d[i][0]] == 1)] * k)
         return out
 
     def chunk_gaps_s(self) -> list[float]:
@@ -267,6 +308,8 @@ class RequestResult:
             "end_s": self.end_s,
             "ttft_s": self.ttft_s,
             "e2e_s": self.e2e_s,
+            "untimed": self.untimed,
+            "coalesced_tokens": self.coalesced_tokens(),
             "tpot_s": self.tpot_s,
             "queue_s": self.queue_s,
             "dispatch_lag_s": self.dispatch_lag_s,
@@ -609,7 +652,7 @@ async def run_requests(
     gc.disable()
     try:
         async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, headers={"Content-Type": "application/json"}
+            connector=connector, timeout=timeout, headers={"Content-Type": "application/json", **auth_headers()}
         ) as session:
             if warmup_bodies:
                 t_w = perf()

@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,6 +37,7 @@ from phase6.config.serve import ServeConfig
 from phase6.errors import UserError
 from phase6.redact import redact_argv, redact_text
 from phase6.serving import vllm_env
+from phase6.serving.client import API_KEY_ENV, auth_headers
 from phase6.timing import wall
 
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per readiness poll otherwise
@@ -168,9 +170,10 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 def probe_ready(base_url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
-    """(ready, detail): /health 200 (404 tolerated: not every server has it) and /v1/models lists a model."""
+    """(ready, detail): /health 200 (404 tolerated: not every server has it) and /v1/models lists a model; the
+    probe sends the API key the benchmark sends ($OPENAI_API_KEY, phase6.serving.client.auth_headers)."""
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+        with httpx.Client(timeout=timeout_s, trust_env=False, headers=auth_headers()) as c:
             h = c.get(base_url + "/health")
             if h.status_code not in (200, 404):
                 return False, f"/health {h.status_code}"
@@ -185,7 +188,10 @@ def probe_ready(base_url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
 
 def engine_version(base_url: str, engine: str) -> str:
     """vLLM ``/version``, SGLang ``/server_info`` (older ``/get_server_info``); else the installed package."""
-    with contextlib.suppress(httpx.HTTPError, ValueError), httpx.Client(timeout=5.0, trust_env=False) as c:
+    with (
+        contextlib.suppress(httpx.HTTPError, ValueError),
+        httpx.Client(timeout=5.0, trust_env=False, headers=auth_headers()) as c,
+    ):
         for path in ("/version", "/server_info", "/get_server_info"):
             r = c.get(base_url + path)
             if r.status_code == 200:
@@ -231,16 +237,20 @@ class Server:
         return None
 
     def wait_ready(self, timeout_s: float) -> None:
+        """Poll until ready; a UserError (one line) when the engine exits during startup (with its own last error
+        line, e.g. a flag it does not know), when the server answers 401/403 (API key) or, for an external endpoint,
+        404 (not an OpenAI server), and after ``timeout_s`` (a server that accepts connections but never answers)."""
         if self.model_id:  # already probed ready (a reused server)
             return
         t0 = wall()
         detail = ""
+        where = "serve.endpoint" if self.proc is None else "serve.engine"
         while wall() - t0 < timeout_s:
             died = self.exited()
             if died:
-                raise RuntimeError(
-                    f"{self.engine} {died} during startup; log {self.log_path}:\n"
-                    f"{log_tail(self.log_path) if self.log_path else ''}"
+                raise UserError(
+                    f"serve.engine: {self.engine} {died} during startup: {engine_message(self.log_path)} "
+                    f"(log: {self.log_path})"
                 )
             ok, detail = probe_ready(self.base_url)
             if ok:
@@ -248,12 +258,19 @@ class Server:
                 self.startup_s = wall() - t0
                 self.version = engine_version(self.base_url, self.engine)
                 return
+            if detail.endswith((" 401", " 403")):
+                self.stop()
+                key = f"${API_KEY_ENV} is {'set but refused' if auth_headers() else 'not set'}"
+                raise UserError(
+                    f"{where}: {self.base_url}: {detail} (the server wants an API key; {key}: export "
+                    f"{API_KEY_ENV}=<the server's --api-key>)"
+                )
+            if detail == "/v1/models 404" and self.proc is None:
+                raise UserError(f"serve.endpoint: {self.base_url}: {detail}: not an OpenAI-compatible server")
             time.sleep(0.5)
-        tail = log_tail(self.log_path) if self.log_path else "(external endpoint, no log)"
         self.stop()
-        raise RuntimeError(
-            f"{self.engine} at {self.base_url} not ready after {timeout_s:.0f} s (last: {detail}); log tail:\n{tail}"
-        )
+        log = f"; its last line: {engine_message(self.log_path)} (log: {self.log_path})" if self.log_path else ""
+        raise UserError(f"{where}: {self.base_url}: not ready after {timeout_s:.0f} s (last probe: {detail}){log}")
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``; return when the group is gone.
@@ -289,8 +306,28 @@ class Server:
         }
 
 
+def check_port(host: str, port: int) -> None:
+    """A UserError naming serve.port when ``host:port`` is taken (the engine would die with a page of traceback)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise UserError(f"serve.port: {host}:{port}: {e.strerror}; pick another port or leave it unset") from None
+
+
+def engine_message(log_path: Path | None) -> str:
+    """The engine's own reason from its log: the last line that reads like an error, else the last line."""
+    lines = [ln.strip() for ln in log_tail(log_path, 60).splitlines() if ln.strip()] if log_path else []
+    lines = [ln for ln in lines if not ln.startswith("$ ")]  # our own command line, written first
+    errors = [ln for ln in lines if re.search(r"error|no such option|unrecognized|invalid|exception", ln, re.I)]
+    text = (errors or lines or ["(no output)"])[-1].strip("│|╭╰─ ")
+    return text[:300]
+
+
 def launch(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | None = None) -> Server:
     """Start the server process (not yet waiting for readiness)."""
+    if cfg.port:
+        check_port(cfg.host, cfg.port)
     port = cfg.port or free_port(cfg.host)
     cmd = build_command(cfg, model, port)
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,9 @@
 - throughput_tok_s = output_tok_s = sum of server-reported output tokens of completed requests / duration, where
   duration = first dispatch -> last request end (vLLM ``output_throughput``); total_tok_s adds prompt tokens
   (server-reported when available, else the client count); req_s = completed / duration.
-- TTFT, TPOT: per completed request; ITL: pooled per-token samples of all completed requests; percentiles are
+- TTFT, TPOT: per completed request; ITL: pooled per-token samples of all completed requests; tokens the client
+  could not time (several SSE events in one socket read) are left out of ITL and counted (untimed_tokens), and
+  answers that arrived whole in one read have no TPOT (untimed_requests): never a 0 ms reading; percentiles are
   numpy's linear interpolation (vLLM's choice; phase6.serving.slo.percentile, shared with the fleet).
 - goodput_req_s = requests that completed AND meet every SLO threshold / duration; failed requests are never
   good; a single-token answer has no TPOT and passes that threshold (vLLM's rule; phase6.serving.slo.good_masks).
@@ -41,7 +43,7 @@ ROW_KEYS = (
     "completed",
     "failed",
 )
-EXTRA_ROW_KEYS = ("output_tok_s", "total_tok_s", "req_s")
+EXTRA_ROW_KEYS = ("untimed_requests", "untimed_tokens", "output_tok_s", "total_tok_s", "req_s")
 
 
 def good_requests(ok: list[RequestResult], slo: SLOConfig) -> np.ndarray:
@@ -69,8 +71,8 @@ def summarize(
     in_tok = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
     out_rate = out_tok / dur if dur > 0 else 0.0
     ttft = [r.ttft_s * 1e3 for r in ok]
-    tpot = [r.tpot_s * 1e3 for r in ok]
-    itl = [g * 1e3 for r in ok for g in r.itl_samples_s()]
+    tpot = [r.tpot_s * 1e3 for r in ok]  # NaN (left out) for untimed answers and single tokens
+    itl = [g * 1e3 for r in ok for g in r.timed_itl_samples_s()]
     gaps = [g * 1e3 for r in ok for g in r.chunk_gaps_s()]
     e2e = [r.e2e_s * 1e3 for r in ok]
     arrived = [r for r in outcome.results if r.dispatched]
@@ -104,6 +106,8 @@ def summarize(
         "usd_per_1m_output_tokens": usd_per_1m_tokens(num_gpus, out_rate, usd_per_gpu_hour),
         "completed": len(ok),
         "failed": outcome.planned - len(ok),
+        "untimed_requests": sum(r.untimed for r in ok),
+        "untimed_tokens": sum(r.coalesced_tokens() for r in ok),
         "output_tok_s": out_rate,
         "total_tok_s": (out_tok + in_tok) / dur if dur > 0 else 0.0,
         "req_s": len(ok) / dur if dur > 0 else 0.0,
@@ -112,6 +116,8 @@ def summarize(
         else 0.0,
         "good_fraction": good / outcome.planned if outcome.planned else math.nan,
         "mean_in_flight": sum(r.end_s - r.send_s for r in sent) / dur if dur > 0 else math.nan,
+        "tpot_mean_ms": float(np.nanmean(tpot)) if any(not math.isnan(x) for x in tpot) else math.nan,
+        "itl_mean_ms": float(np.mean(itl)) if itl else math.nan,
         "e2e_p50_ms": percentile(e2e, 50),
         "e2e_p99_ms": percentile(e2e, 99),
         "chunk_gap_p50_ms": percentile(gaps, 50),
@@ -142,3 +148,36 @@ def summarize(
     assert row["sent"] == row["completed"] + row["failed_sent"]
     keep = ROW_KEYS + EXTRA_ROW_KEYS
     return {k: row[k] for k in keep}, {k: v for k, v in row.items() if k not in keep}
+
+
+SERVER_CLIENT_BOUND = 0.25
+"""Client and server mean TPOT/ITL of one run may differ by this fraction (of the server's) before the row warns:
+the client adds the network and its own event loop, the server times its output steps; on a local link the two
+agree to a few percent unless the client stalls or its reads coalesce."""
+
+
+def server_side_latency(delta: dict[str, float], client: dict[str, Any]) -> dict[str, Any]:
+    """The server's mean TPOT/ITL over the measured run from its /metrics histogram deltas (``*_s_sum`` /
+    ``*_s_count``, phase6.serving.telemetry.PROM_NAMES: vLLM's and SGLang's names) beside the client's
+    ``tpot_mean_ms`` / ``itl_mean_ms``, and a warning per quantity that differs by more than SERVER_CLIENT_BOUND.
+    A quantity the server does not export is reported missing with the reason, never 0."""
+    out: dict[str, Any] = {}
+    warnings = []
+    for name in ("tpot", "itl"):
+        n, total = delta.get(f"{name}_s_count"), delta.get(f"{name}_s_sum")
+        if not n or total is None:
+            out[f"server_{name}_mean_ms"] = None
+            out[f"server_{name}_missing"] = "no such histogram in /metrics, or no sample in the run"
+            continue
+        server = 1e3 * total / n
+        mine = client.get(f"{name}_mean_ms")
+        out[f"server_{name}_mean_ms"] = server
+        if isinstance(mine, (int, float)) and not math.isnan(mine) and server > 0:
+            out[f"client_vs_server_{name}"] = mine / server
+            if abs(mine / server - 1) > SERVER_CLIENT_BOUND:
+                warnings.append(
+                    f"{name.upper()} mean: client {mine:.3g} ms vs server {server:.3g} ms "
+                    f"(differ by more than {SERVER_CLIENT_BOUND:.0%})"
+                )
+    out["server_client_warnings"] = warnings
+    return out

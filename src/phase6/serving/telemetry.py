@@ -41,6 +41,19 @@ PROM_NAMES: dict[str, tuple[str, ...]] = {
     "queue_time_s_count": ("vllm:request_queue_time_seconds_count", "sglang:queue_time_seconds_count"),
     "ttft_s_sum": ("vllm:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_sum"),
     "ttft_s_count": ("vllm:time_to_first_token_seconds_count", "sglang:time_to_first_token_seconds_count"),
+    # the server's own decode timing (histograms: per-request TPOT; per-token ITL, vLLM's pre-0.11 name first)
+    "tpot_s_sum": ("vllm:request_time_per_output_token_seconds_sum", "sglang:time_per_output_token_seconds_sum"),
+    "tpot_s_count": ("vllm:request_time_per_output_token_seconds_count", "sglang:time_per_output_token_seconds_count"),
+    "itl_s_sum": (
+        "vllm:inter_token_latency_seconds_sum",
+        "vllm:time_per_output_token_seconds_sum",
+        "sglang:inter_token_latency_seconds_sum",
+    ),
+    "itl_s_count": (
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:time_per_output_token_seconds_count",
+        "sglang:inter_token_latency_seconds_count",
+    ),
 }
 GAUGES = ("running", "waiting", "kv_cache_usage")
 
@@ -82,8 +95,10 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 def scrape(metrics_url: str, timeout_s: float = 5.0) -> tuple[str | None, str]:
     """(exposition text or None, status) of one GET of a Prometheus endpoint."""
+    from phase6.serving.client import auth_headers
+
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+        with httpx.Client(timeout=timeout_s, trust_env=False, headers=auth_headers()) as c:
             r = c.get(metrics_url)
     except httpx.HTTPError as e:
         return None, f"unavailable: {type(e).__name__}"

@@ -107,8 +107,16 @@ def build_random_chat_model(out_dir: str | Path, kind: str = "tiny", seed: int =
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if big else torch.float32)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
-    tok.save_pretrained(out)
-    model.save_pretrained(out)
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" on stderr: a one-line error must stay one line
+    try:
+        tok.save_pretrained(out)
+        model.save_pretrained(out)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     del model
     if big and torch.cuda.is_available():
         torch.cuda.empty_cache()  # the server process needs this GPU's memory for the same weights and its KV cache
