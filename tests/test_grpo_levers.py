@@ -150,6 +150,7 @@ def step_update(model_dir: tuple[Path, Any], tmp_path: Path, **kw: Any) -> tuple
     return end - start, trainer
 
 
+@pytest.mark.slow  # trains full steps (2-3 trainers): > 30 s on a loaded 2-core box
 def test_one_step_equal_with_and_without_levers(model_dir: tuple[Path, Any], tmp_path: Path) -> None:
     plain, t_plain = step_update(model_dir, tmp_path / "a", length_buckets=False, mismatch_every=1)
     bucketed, t_b = step_update(model_dir, tmp_path / "b", length_buckets=True, mismatch_every=1)
@@ -163,6 +164,7 @@ def test_one_step_equal_with_and_without_levers(model_dir: tuple[Path, Any], tmp
     assert torch.equal(skipped, bucketed)
 
 
+@pytest.mark.slow  # trains full steps (2-3 trainers): > 30 s on a loaded 2-core box
 def test_mismatch_sampled_every_n_steps(model_dir: tuple[Path, Any], tmp_path: Path) -> None:
     trainer = make_trainer(model_dir, tmp_path, steps=4, mismatch_every=3)
     trainer.train()
@@ -233,6 +235,7 @@ def test_liger_patch_is_instance_only(monkeypatch: pytest.MonkeyPatch, model_dir
     assert "forward" not in vars(other.model.layers[0].mlp)
 
 
+@pytest.mark.slow  # trains full steps (2-3 trainers): > 30 s on a loaded 2-core box
 def test_engine_without_logprobs_anchors_on_the_trainer(model_dir: tuple[Path, Any], tmp_path: Path) -> None:
     """An engine that returns no log-probs (engine.vllm_logprobs=false; here the HF engine with its log-probs
     replaced by NaN): the current-policy forward runs every step whatever mismatch_every says, becomes the PPO
@@ -254,3 +257,57 @@ def test_engine_without_logprobs_anchors_on_the_trainer(model_dir: tuple[Path, A
     (row,) = trainer.mismatch_log
     assert row["tokens"] == 0 and row["nan_tokens"] > 0 and math.isnan(row["logp_mismatch_mean"])
     assert float((with_lp - without).norm() / with_lp.norm()) < 1e-4
+
+
+def grouped_batch(vocab: int, groups: int = 3, group: int = 4) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``groups`` prompts (left-padded, 3..9 tokens) each repeated ``group`` times with its own completion."""
+    g = torch.Generator().manual_seed(1)
+    pw, cw = 10, 8
+    rows = []
+    for _ in range(groups):
+        p = int(torch.randint(3, 10, (1,), generator=g))
+        prompt = torch.randint(3, vocab, (p,), generator=g)
+        for _ in range(group):
+            c = int(torch.randint(1, cw + 1, (1,), generator=g))
+            ids = torch.zeros(pw + cw, dtype=torch.long)
+            mask = torch.zeros(pw + cw, dtype=torch.long)
+            ids[pw - p : pw], mask[pw - p : pw + c] = prompt, 1
+            ids[pw : pw + c] = torch.randint(3, vocab, (c,), generator=g)
+            rows.append((ids, mask))
+    perm = torch.randperm(len(rows), generator=g)  # groups interleaved, as a shuffled batch would be
+    return torch.stack([rows[i][0] for i in perm]), torch.stack([rows[i][1] for i in perm]), cw
+
+
+def test_shared_prompt_pass_equals_plain_pass(model_dir: tuple[Path, Any], tmp_path: Path) -> None:
+    """Each distinct prompt through the backbone once, its KV cache shared by the rows of its group: log-probs,
+    entropies and the gradient equal the plain one-pass forward within 1e-5 (float32), no-grad chunked and in
+    training; the sort keeps every group inside one chunk."""
+    trainer = make_trainer(model_dir, tmp_path, steps=1, shared_prompt=True)
+    assert trainer.shared_prompt
+    ids, mask, cw = grouped_batch(len(model_dir[1]))
+    model = trainer.model
+    calls: list[int] = []
+    backbone = trainer.accelerator.unwrap_model(model).base_model
+    hook = backbone.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].size(0)), with_kwargs=True)
+    results = {}
+    for shared in (False, True):
+        trainer.shared_prompt, trainer.length_buckets = shared, shared
+        calls.clear()
+        with torch.no_grad():
+            nograd, _, _ = trainer._per_token_logps(model, ids, mask, cw, batch_size=8)
+        nograd_calls = list(calls)
+        model.zero_grad(set_to_none=True)
+        lp, ent, _ = trainer._per_token_logps(model, ids, mask, cw, compute_entropy=True)
+        (lp * mask[:, -cw:]).sum().backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results[shared] = (nograd, lp.detach(), ent, grad, nograd_calls)
+    hook.remove()
+    (a0, b0, e0, g0, c0), (a1, b1, e1, g1, c1) = results[False], results[True]
+    real = mask[:, -cw:].bool()
+    assert (a0 - a1)[real].abs().max() < 1e-5
+    assert (b0 - b1)[real].abs().max() < 1e-5
+    assert (e0 - e1)[real].abs().max() < 1e-5
+    assert float((g0 - g1).norm() / g0.norm()) < 1e-5
+    # plain: 2 chunks of 8 rows hit the backbone; shared: per chunk one prompt pass over its distinct prompts
+    # (groups kept whole: 2 + 1 prompts across the two chunks of 8 and 4 rows) and one pass over the rows
+    assert c0 == [8, 4] and c1 == [2, 8, 1, 4]

@@ -300,6 +300,7 @@ def main(cfg: GrpoRunConfig) -> Path:
         is_clip=cfg.grpo.is_clip,
         mismatch_every=cfg.grpo.mismatch_every,
         length_buckets=cfg.grpo.length_buckets,
+        shared_prompt=cfg.grpo.shared_prompt,
         liger=cfg.grpo.liger and use_cuda,
         snapshot_device=cfg.engine.snapshot_device,
         probe_every=cfg.engine.probe_every,

@@ -25,7 +25,12 @@ def main() -> None:
     if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
         raise SystemExit("usage: grpo_step_summary.py DIR_WITH_JSONS")
     runs = {}
-    for f in sorted(Path(sys.argv[1]).glob("*.json")):
+
+    def rank(f: Path) -> tuple[int, str]:  # before, after, after + lever variants, stock
+        n = f.stem
+        return (0 if "before" in n else 3 if "stock" in n else 1 if n.endswith("_after") else 2, n)
+
+    for f in sorted(Path(sys.argv[1]).glob("*.json"), key=rank):
         try:
             runs[f.stem] = json.loads(f.read_text())
         except (OSError, json.JSONDecodeError) as e:

@@ -5,6 +5,8 @@
 #
 #   bash scripts/repro/h200_grpo_step.sh CARRY_DIR
 #
+# Order: after (new defaults, 3 steps), TRL stock (1 step), after + shared prompt (3 steps), before (2 steps), then
+# --liger off and --gradient-checkpointing on while the budget lasts (~375 s for the first four).
 # CARRY_DIR holds whl/ (trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19, liger-kernel 0.8.5; the image
 # has torch 2.11, transformers 5.17, accelerate, pyarrow, pandas, xxhash, triton 3.6) and before.tar.xz (git archive
 # of 3348fbd). Every part runs under its own `timeout`, capped by what is left of BUDGET_S (default 415 s), so the
@@ -45,17 +47,15 @@ part() {
     grep -E '^\{"step": |Error|error:' "$WORK/$name.log" | tail -n 6
 }
 
-# most important first: after (new defaults), the stock anchor, before; then what single levers bought
-part h200_grpo_step_after 60 130 "$REPO" --steps 3
-part h200_grpo_step_stock_trl 150 200 "$REPO" --step-trainer stock --steps 2
-left=$((BUDGET_S - (SECONDS - START)))
-if ((left >= 125)); then
-    part h200_grpo_step_before_3348fbd 90 130 /tmp/i31_before --steps 3
-else
-    part h200_grpo_step_before_3348fbd 70 130 /tmp/i31_before --steps 2
-fi
-part h200_grpo_step_after_liger_off 80 110 "$REPO" --steps 3 --liger off
-part h200_grpo_step_after_checkpointing_on 80 110 "$REPO" --steps 3 --gradient-checkpointing on
+# most important first: after (new defaults), the stock anchor (1 step: one HF `generate` rollout is ~1 min; its
+# only step includes TRL's Triton JIT of the fused LM head), after + shared prompt (the lever predicted to cross
+# 15 s), before (2 steps), then what single levers bought while time lasts
+part h200_grpo_step_after 60 125 "$REPO" --steps 3
+part h200_grpo_step_stock_trl 90 150 "$REPO" --step-trainer stock --steps 1
+part h200_grpo_step_after_shared_prompt 75 115 "$REPO" --steps 3 --shared-prompt on
+part h200_grpo_step_before_3348fbd 70 120 /tmp/i31_before --steps 2
+part h200_grpo_step_after_liger_off 75 100 "$REPO" --steps 3 --liger off
+part h200_grpo_step_after_checkpointing_on 75 100 "$REPO" --steps 3 --gradient-checkpointing on
 
 python3 "$REPO/scripts/repro/grpo_step_summary.py" "$WORK/json" >"$OUT/grpo_step_summary.md" 2>&1
 tar -C "$WORK" -cJf "$OUT/grpo_step.tar.xz" . 2>/dev/null

@@ -224,6 +224,10 @@ class GrpoTrainConfig:
     length_buckets: bool = True
     """Sort each generation batch by length before splitting it into micro-batches (not with loss_type bnpo, whose
     value depends on the split) and trim the all-padding columns of every log-prob forward."""
+    shared_prompt: bool = False
+    """Every log-prob pass runs each distinct prompt through the backbone once and shares its KV cache with the
+    group's completions (needs length_buckets; one process; not under gradient checkpointing). Same log-probs and
+    gradient within float noise (tests/test_grpo_levers.py); the prompt tokens' FLOPs drop by num_generations."""
     liger: bool = False
     """Liger-Kernel's fused RMSNorm + SwiGLU on the policy and reference (CUDA + the liger-kernel package; the rollout
     engine is left alone). Recommended on GPU (docs/benchmarks.md, issue 31)."""

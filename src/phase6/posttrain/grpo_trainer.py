@@ -35,6 +35,7 @@ benchmark measures beside ours, same phases, same token counts.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -178,10 +179,30 @@ def token_counts(batch: dict[str, Any], step: int, group: int) -> dict[str, Any]
     }
 
 
-def bucket_order(prompt_lens: torch.Tensor, completion_lens: torch.Tensor) -> torch.Tensor:
-    """Row order for length buckets: by completion length, then prompt length, then row (stable, deterministic)."""
-    key = completion_lens.long() * (int(prompt_lens.max()) + 1 if prompt_lens.numel() else 1) + prompt_lens.long()
+def bucket_order(
+    prompt_lens: torch.Tensor, completion_lens: torch.Tensor, groups: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Row order for length buckets: by completion length, then prompt length, then row (stable, deterministic).
+
+    With ``groups`` (a group id per row: rows sharing one prompt), the rows of a group stay together, ordered by the
+    group's longest completion, so micro-batches hold whole groups (the shared-prompt pass computes each once)."""
+    if prompt_lens.numel() == 0:
+        return torch.zeros(0, dtype=torch.long)
+    prompt_lens, completion_lens = prompt_lens.long(), completion_lens.long()
+    if groups is None:
+        return torch.sort(completion_lens * (int(prompt_lens.max()) + 1) + prompt_lens, stable=True).indices
+    groups = groups.long()
+    n = int(groups.max()) + 1
+    longest = torch.zeros(n, dtype=torch.long, device=groups.device).scatter_reduce(
+        0, groups, completion_lens, "amax", include_self=False
+    )
+    key = (longest[groups] * (int(prompt_lens.max()) + 1) + prompt_lens) * n + groups
     return torch.sort(key, stable=True).indices
+
+
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """A group id per row: rows with the same (left-padded) prompt tokens and mask share one."""
+    return torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1), dim=0, return_inverse=True)[1]
 
 
 def trim_padding(attention_mask: torch.Tensor, logits_to_keep: int) -> tuple[int, int]:
@@ -198,6 +219,15 @@ def trim_padding(attention_mask: torch.Tensor, logits_to_keep: int) -> tuple[int
     lead = min(int(idx[0]), max(prompt_width - 1, 0))
     trail = min(width - 1 - int(idx[-1]), logits_to_keep - 1)
     return lead, max(trail, 0)
+
+
+def _select_cache_rows(cache: Any, index: torch.Tensor) -> None:
+    """Row ``index[i]`` of every layer's K/V becomes row i (differentiable indexing; transformers 5.x caches)."""
+    if hasattr(cache, "batch_select_indices"):
+        cache.batch_select_indices(index)
+        return
+    for layer in cache.layers:  # pragma: no cover - caches without the method
+        layer.keys, layer.values = layer.keys[index], layer.values[index]
 
 
 def _take_rows(value: Any, order: torch.Tensor) -> Any:
@@ -259,6 +289,7 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
         mismatch_every: int = 10,
         length_buckets: bool = True,
         liger: bool = False,
+        shared_prompt: bool = False,
         **kwargs: Any,
     ) -> None:
         if is_correction not in IS_CORRECTIONS:
@@ -288,6 +319,9 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
             and self.top_entropy_quantile >= 1.0
             and not getattr(self, "_entropy_bonus_enabled", False)
         )
+        # one forward per distinct prompt in every log-prob pass (needs length_buckets for whole-group micro-batches;
+        # one process; off under gradient checkpointing, whose recompute would append to the shared cache twice)
+        self.shared_prompt = shared_prompt and length_buckets and self.accelerator.num_processes == 1
         self.liger_patched: dict[str, list[str]] = {}
         if liger:
             self.liger_patched["policy"] = apply_liger_layers(self._policy())
@@ -472,7 +506,8 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
                 batch = self._generate_and_score_completions(generation_batch)
                 if any(batch.get(k) is not None for k in _MULTIMODAL_KWARGS):
                     raise ValueError("grpo.length_buckets: multimodal batches are not supported; set it to false")
-                order = bucket_order(batch["prompt_mask"].sum(1), batch["completion_mask"].sum(1))
+                groups = prompt_groups(batch["prompt_ids"], batch["prompt_mask"]) if self.shared_prompt else None
+                order = bucket_order(batch["prompt_mask"].sum(1), batch["completion_mask"].sum(1), groups)
                 batch = {k: _take_rows(v, order) for k, v in batch.items()}
                 self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
@@ -498,7 +533,14 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
         batch_size = batch_size or rows
         prompt_width = input_ids.size(1) - logits_to_keep
         if batch_size < rows:  # a no-grad pass over the whole generation batch: sort it into chunks
-            order = bucket_order(attention_mask[:, :prompt_width].sum(1), attention_mask[:, prompt_width:].sum(1))
+            groups = (
+                prompt_groups(input_ids[:, :prompt_width], attention_mask[:, :prompt_width])
+                if self.shared_prompt
+                else None
+            )
+            order = bucket_order(
+                attention_mask[:, :prompt_width].sum(1), attention_mask[:, prompt_width:].sum(1), groups
+            )
         else:
             order = None
         logps = torch.zeros(rows, logits_to_keep, dtype=torch.float32, device=input_ids.device)
@@ -509,7 +551,7 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
             ids, mask = input_ids[sel], attention_mask[sel]
             lead, trail = trim_padding(mask, logits_to_keep)
             ids, mask = ids[:, lead : ids.size(1) - trail], mask[:, lead : mask.size(1) - trail]
-            lp, ent, _ = plain(self, model, ids, mask, logits_to_keep - trail, None, compute_entropy, False, **kwargs)
+            lp, ent = self._chunk_logps(model, ids, mask, logits_to_keep - trail, compute_entropy, kwargs)
             pieces.append(_pad_right(lp, logits_to_keep))
             ent_pieces.append(_pad_right(ent, logits_to_keep))
             index.append(sel)
@@ -523,6 +565,61 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
             entropies = entropies.to(ent_pieces[0].dtype)
             entropies[order] = torch.cat(ent_pieces, 0)
         return logps, entropies, None
+
+    def _chunk_logps(
+        self,
+        model: Any,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        logits_to_keep: int,
+        compute_entropy: bool,
+        kwargs: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of one trimmed chunk; with ``shared_prompt``, each distinct prompt runs once.
+
+        Shared prompt: the backbone runs over the distinct prompts minus their last token (KV cache kept), the cache
+        is expanded to the chunk's rows (``index_select``: differentiable, the backward sums the rows' gradients into
+        the shared prompt), then every row runs its last prompt token + completion against it through TRL's fused
+        LM head. Same positions, same masks, same kernels per token as the one-pass forward; the prompt tokens'
+        backbone FLOPs drop by the group size."""
+        plain = GRPOTrainer._get_per_token_logps_and_entropies
+        prompt_width = ids.size(1) - logits_to_keep
+        unwrapped = self.accelerator.unwrap_model(model)
+        eligible = (
+            self.shared_prompt
+            and prompt_width >= 2
+            and not (torch.is_grad_enabled() and getattr(unwrapped, "is_gradient_checkpointing", False))
+        )
+        if eligible:
+            key = torch.cat([ids[:, : prompt_width - 1], mask[:, : prompt_width - 1]], 1)
+            distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
+            eligible = distinct.size(0) < ids.size(0)
+        if not eligible:
+            lp, ent, _ = plain(self, model, ids, mask, logits_to_keep, None, compute_entropy, False, **kwargs)
+            return lp, ent
+        backbone = unwrapped.base_model
+        cache_arg = "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
+        with self.accelerator.autocast():
+            prefix = backbone(
+                input_ids=distinct[:, : prompt_width - 1],
+                attention_mask=distinct[:, prompt_width - 1 :],
+                use_cache=True,
+            )
+            cache = getattr(prefix, "cache", None) or prefix.past_key_values
+            _select_cache_rows(cache, inverse)
+            tail_ids, tail_mask = ids[:, prompt_width - 1 :], mask[:, prompt_width - 1 :]
+            labels = tail_ids.masked_fill(tail_mask == 0, -100)
+            labels[:, 0] = -100  # the last prompt token: predicted by the prompt, not scored
+            positions = torch.arange(prompt_width - 1, ids.size(1), device=ids.device).expand(ids.size(0), -1)
+            out = model(
+                input_ids=tail_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                labels=labels,
+                fused_lm_head=True,
+                **{cache_arg: cache},
+            )
+        return out.log_probs[:, -logits_to_keep:], out.entropy[:, -logits_to_keep:] if compute_entropy else None
 
     def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
