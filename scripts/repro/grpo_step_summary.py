@@ -77,12 +77,18 @@ def main() -> None:
         (r["step_extras"].get("liger_parity") for r in runs.values() if "liger_parity" in r.get("step_extras", {})),
         None,
     )
-    if lp:
+    if lp and "error" in lp:
+        print(f"\nliger parity: error {lp['error']} (runs continued with --liger off)")
+    elif lp:
         print(
             f"\nliger parity (bf16 vs fp32 of the same model, mean |d logp|): transformers {lp['logp_mean_abs_err_hf_bf16']:.2e}, "
             f"liger {lp['logp_mean_abs_err_liger_bf16']:.2e}; grad rel err {lp['grad_rel_err_hf_bf16']:.2e} vs "
             f"{lp['grad_rel_err_liger_bf16']:.2e}; pass {lp['pass']}"
         )
+    for name, r in runs.items():
+        levers = r.get("step_extras", {}).get("levers")
+        if levers:
+            print(f"{name}: levers {json.dumps(levers)}")
     for name, r in runs.items():
         for row in r.get("step", []):
             if row["phase"].startswith("logp mismatch"):

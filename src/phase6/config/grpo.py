@@ -264,6 +264,11 @@ class GrpoTrainConfig:
         )
         require(self.is_clip >= 1, "grpo.is_clip", f"must be >= 1, got {self.is_clip}")
         require(self.mismatch_every >= 0, "grpo.mismatch_every", f"must be >= 0, got {self.mismatch_every}")
+        require(
+            self.length_buckets or not self.shared_prompt,
+            "grpo.shared_prompt",
+            "needs grpo.length_buckets=true (micro-batches of whole prompt groups)",
+        )
         for key in self.trl:
             require(
                 key not in OWNED_TRL_KEYS,
