@@ -594,6 +594,32 @@ def liger_parity(dtype: Any) -> dict[str, Any]:
     }
 
 
+def lever_parity(trainer: Any) -> dict[str, Any]:
+    """The layout levers on this device, in its dtype: the last step's first micro-batch scored by the policy with
+    the plain padded pass, with trimmed padding (length buckets) and with the shared prompt; mean / max |d logp| over
+    its completion tokens against the plain pass (bf16: the kernels see other shapes, so ~1e-3..1e-2 is noise)."""
+    import torch
+
+    batch = trainer._buffered_inputs[0]
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    width, real = batch["completion_ids"].size(1), batch["completion_mask"].bool()
+    saved = trainer.length_buckets, trainer.shared_prompt
+    out: dict[str, Any] = {"rows": int(ids.size(0)), "tokens": int(real.sum())}
+    try:
+        with torch.no_grad():
+            trainer.length_buckets, trainer.shared_prompt = False, False
+            plain = trainer._per_token_logps(trainer.model, ids, mask, width)[0].float()
+            for name, (buckets, shared) in {"trimmed": (True, False), "shared_prompt": (True, True)}.items():
+                trainer.length_buckets, trainer.shared_prompt = buckets, shared
+                diff = (trainer._per_token_logps(trainer.model, ids, mask, width)[0].float() - plain).abs()[real]
+                out[f"{name}_vs_plain_mean_abs"] = float(diff.mean())
+                out[f"{name}_vs_plain_max_abs"] = float(diff.max())
+    finally:
+        trainer.length_buckets, trainer.shared_prompt = saved
+    return out
+
+
 def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """A few GRPO steps at the benchmark shape: (mean breakdown of the steps after the first with each phase's bound,
     one row per step, extras).
@@ -804,6 +830,12 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
                 "gib": gib(torch.cuda.max_memory_allocated()),
             }
         )
+    if not stock:
+        try:
+            extras["lever_parity"] = lever_parity(trainer)
+        except Exception as e:  # noqa: BLE001 - a diagnostic after the timed steps; never costs the row
+            extras["lever_parity"] = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps({"lever_parity": extras["lever_parity"]}), flush=True)
     extras["trainer"] = "TRL 1.16 GRPOTrainer (stock, timed)" if stock else "phase6 EngineGRPOTrainer"
     extras["levers"] = (
         {"gradient_checkpointing": True}

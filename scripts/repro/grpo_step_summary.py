@@ -86,9 +86,11 @@ def main() -> None:
             f"{lp['grad_rel_err_liger_bf16']:.2e}; pass {lp['pass']}"
         )
     for name, r in runs.items():
-        levers = r.get("step_extras", {}).get("levers")
-        if levers:
-            print(f"{name}: levers {json.dumps(levers)}")
+        extras = r.get("step_extras", {})
+        if extras.get("levers"):
+            print(f"{name}: levers {json.dumps(extras['levers'])}")
+        if extras.get("lever_parity"):
+            print(f"{name}: layout parity (bf16, vs the plain padded pass) {json.dumps(extras['lever_parity'])}")
     for name, r in runs.items():
         for row in r.get("step", []):
             if row["phase"].startswith("logp mismatch"):

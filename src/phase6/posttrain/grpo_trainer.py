@@ -545,7 +545,7 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
             order = None
         logps = torch.zeros(rows, logits_to_keep, dtype=torch.float32, device=input_ids.device)
         entropies = torch.zeros_like(logps) if compute_entropy else None
-        pieces, ent_pieces, index = [], [], []
+        pieces, ent_pieces = [], []
         for start in range(0, rows, batch_size):
             sel = order[start : start + batch_size] if order is not None else slice(start, start + batch_size)
             ids, mask = input_ids[sel], attention_mask[sel]
@@ -554,7 +554,6 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
             lp, ent = self._chunk_logps(model, ids, mask, logits_to_keep - trail, compute_entropy, kwargs)
             pieces.append(_pad_right(lp, logits_to_keep))
             ent_pieces.append(_pad_right(ent, logits_to_keep))
-            index.append(sel)
         if order is None:  # one chunk per call in training: keep autograd's view simple
             lp = torch.cat(pieces, 0)
             ent = torch.cat(ent_pieces, 0) if compute_entropy else None
