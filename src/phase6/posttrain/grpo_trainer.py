@@ -28,6 +28,8 @@ Step-time levers (issue 31; each measured in docs/benchmarks.md, "6D at the roof
   every log-prob forward drops the columns that are padding in all of its rows;
 - ``liger``: Liger-Kernel's fused RMSNorm and SwiGLU on the policy and reference instances only (the rollout engine
   and the module's classes are left as they were).
+- ``shared_prompt`` (opt-in): every log-prob pass runs each distinct prompt through the backbone once and shares
+  its KV cache with the rows of its group (same log-probs and gradient; the prompt tokens' FLOPs / group size).
 
 ``TimedGRPOTrainer`` is the timing alone on TRL's stock trainer (its own HF ``generate`` rollout): the anchor the
 benchmark measures beside ours, same phases, same token counts.
