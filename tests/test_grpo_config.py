@@ -51,6 +51,7 @@ def test_defaults_and_experiments() -> None:
         ("+engine.vllm.mode=server", "engine.vllm.mode"),
         ("+engine.vllm.logprobs_mode=raw_logprobs", "engine.vllm.logprobs_mode"),
         ("model.tiny_heads=3", "model.tiny_heads"),
+        ("grpo.mismatch_every=-1", "grpo.mismatch_every"),
     ],
 )
 def test_bad_values_name_the_key(override: str, key: str) -> None:
@@ -84,6 +85,10 @@ def test_cross_field_rules() -> None:
         load_config("grpo", ["engine=verl", "grpo.staleness=2"])
     with pytest.raises(ConfigError, match="enable_sleep_mode"):
         load_config("grpo", ["grpo.staleness=2", "+engine.vllm.enable_sleep_mode=true"])
+    with pytest.raises(ConfigError, match="grpo.shared_prompt"):
+        load_config("grpo", ["grpo.shared_prompt=true", "grpo.length_buckets=false"])
+    with pytest.raises(ConfigError, match="engine.vllm_logprobs"):
+        load_config("grpo", ["engine=vllm_server", "engine.vllm_logprobs=false"])
     with pytest.raises(ValueError, match="micro_batch_size"):
         GrpoTrainConfig(num_prompts=4, num_generations=4, micro_batch_size=8).grad_accum_steps(world_size=4)
 

@@ -38,6 +38,12 @@ Parts (``--part``, comma-separated):
   ``--step-engine hf`` (default): HF engine (``--step-decode``); ``--step-engine vllm``: the colocated vLLM engine
   from ``phase6.rollout.vllm.build_vllm_engine``, the builder ``phase6 grpo engine=vllm`` uses (needs vllm, trl and
   datasets importable; on the lent H200: scripts/vllm_h200_run.sh step_hf / step_vllm).
+  Step levers (issue 31), on by default: ``--mismatch-every 10``, ``--length-buckets on``,
+  ``--gradient-checkpointing off``, ``--liger on`` (Liger RMSNorm + SwiGLU on policy and reference, checked against
+  float32 on the device first: ``liger_parity``). ``--step-trainer stock``: TRL 1.16's own GRPOTrainer (HF
+  ``generate`` rollout, gradient checkpointing on), only timed. Every step run first measures the two ceilings
+  (8192^3 bf16 matmul, 2 GiB device copy) and prints each phase's bound and % of bound
+  (``phase6.posttrain.grpo_timing.phase_bounds``).
 
 tokens/s = generated tokens / generate wall-clock (CUDA-synchronized); ms_per_token_step = generate wall-clock / new
 tokens per row (prefill included). The behaviour log-probs are off unless ``--logprobs`` (the loop computes them inside
@@ -49,6 +55,7 @@ prediction written before the run (docs/benchmarks.md explains each). Baseline a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -491,26 +498,168 @@ def bench_check(args: argparse.Namespace) -> list[dict[str, Any]]:
     return result
 
 
-def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """A few GRPO steps at the benchmark shape: (mean breakdown of the steps after the first, one row per step).
+def measure_ceilings() -> dict[str, Any]:
+    """The two rates every phase is held against, measured here (docs: /work/.library/device/METHOD.md): an 8192^3
+    bf16 matmul (random data, 3 input pairs rotated, median of 20 after warm-up) and a 2 GiB device-to-device copy
+    (bytes read + written, median of 20), both timed with CUDA events."""
+    import torch
 
-    ``--step-engine hf``: HFEngine (``--step-decode``); ``vllm``: the colocated vLLM engine built by
-    ``phase6.rollout.vllm.build_vllm_engine`` -- the function ``phase6 grpo engine=vllm`` calls -- with
-    ``gpu_memory_utilization = --vllm-gpu-memory-utilization`` (configs/grpo/engine/vllm.yaml's 0.3) and every other
-    vLLM setting at the job's defaults; weight sync ``collective_rpc("reload_weights")``."""
+    if DEVICE != "cuda":
+        return {"matmul_tflops": None, "copy_tb_per_s": None, "note": "no CUDA device: no bounds"}
+
+    def median_ms(fn: Any, reps: int = 20) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return sorted(times)[len(times) // 2]
+
+    n = 8192
+
+    def matmul_ms() -> float:
+        pairs = [
+            (
+                torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
+                torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
+            )
+            for _ in range(3)
+        ]
+        out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+        turn = iter(range(10**9))
+        return median_ms(lambda: torch.matmul(*pairs[next(turn) % 3], out=out))
+
+    def copy_ms() -> tuple[float, int]:
+        src = torch.randn(2**29, device="cuda", dtype=torch.float32)  # 2 GiB
+        dst = torch.empty_like(src)
+        return median_ms(lambda: dst.copy_(src)), 2 * src.numel() * src.element_size()
+
+    mm_ms = matmul_ms()
+    cp_ms, nbytes = copy_ms()
+    torch.cuda.empty_cache()
+    return {
+        "matmul_tflops": round(2 * n**3 / (mm_ms / 1e3) / 1e12, 1),
+        "copy_tb_per_s": round(nbytes / (cp_ms / 1e3) / 1e12, 2),
+        "matmul_ms": round(mm_ms, 3),
+        "copy_ms": round(cp_ms, 3),
+    }
+
+
+def liger_parity(dtype: Any) -> dict[str, Any]:
+    """Equal-numerics check of the liger lever on this device: per-token log-probs and one loss's gradient of the
+    dummy model (bf16) with transformers' RMSNorm/SwiGLU vs Liger's, each against the same model in float32.
+    Pass: Liger's error against float32 is within 1.5x of transformers' own bf16 error (+1e-3 nats)."""
+    import torch
+
+    from phase6.posttrain.grpo_trainer import apply_liger_layers
+
+    torch.manual_seed(1)
+    model = dummy_model(DEVICE, dtype=torch.float32)
+    ids = torch.randint(1000, 150000, (4, 704), device=DEVICE)
+
+    def logps(m: Any) -> tuple[torch.Tensor, float]:
+        m.zero_grad(set_to_none=True)
+        with torch.autocast(DEVICE, enabled=False):
+            logits = m(input_ids=ids).logits[:, -513:-1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, -512:, None]).squeeze(-1)
+        lp.mean().backward()
+        g = m.model.layers[0].mlp.down_proj.weight.grad.float()
+        return lp.detach(), g
+
+    ref_lp, ref_g = logps(model)
+    bf = model.to(dtype)
+    hf_lp, hf_g = logps(bf)
+    patched = apply_liger_layers(bf)
+    lg_lp, lg_g = logps(bf)
+    del model, bf
+    free_memory()
+
+    def rel(g: torch.Tensor) -> float:
+        return float((g - ref_g).norm() / ref_g.norm())
+
+    hf_err, lg_err = float((hf_lp - ref_lp).abs().mean()), float((lg_lp - ref_lp).abs().mean())
+    return {
+        "patched_modules": len(patched),
+        "logp_mean_abs_err_hf_bf16": hf_err,
+        "logp_mean_abs_err_liger_bf16": lg_err,
+        "logp_mean_abs_diff_liger_vs_hf": float((lg_lp - hf_lp).abs().mean()),
+        "grad_rel_err_hf_bf16": rel(hf_g),
+        "grad_rel_err_liger_bf16": rel(lg_g),
+        "pass": lg_err <= 1.5 * hf_err + 1e-3 and rel(lg_g) <= 1.5 * rel(hf_g) + 1e-3,
+    }
+
+
+def lever_parity(trainer: Any) -> dict[str, Any]:
+    """The layout levers on this device, in its dtype: the last step's first micro-batch scored by the policy with
+    the plain padded pass, with trimmed padding (length buckets) and with the shared prompt; mean / max |d logp| over
+    its completion tokens against the plain pass (bf16: the kernels see other shapes, so ~1e-3..1e-2 is noise)."""
+    import torch
+
+    batch = trainer._buffered_inputs[0]
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    width, real = batch["completion_ids"].size(1), batch["completion_mask"].bool()
+    saved = trainer.length_buckets, trainer.shared_prompt
+    out: dict[str, Any] = {"rows": int(ids.size(0)), "tokens": int(real.sum())}
+    try:
+        with torch.no_grad():
+            trainer.length_buckets, trainer.shared_prompt = False, False
+            plain = trainer._per_token_logps(trainer.model, ids, mask, width)[0].float()
+            for name, (buckets, shared) in {"trimmed": (True, False), "shared_prompt": (True, True)}.items():
+                trainer.length_buckets, trainer.shared_prompt = buckets, shared
+                diff = (trainer._per_token_logps(trainer.model, ids, mask, width)[0].float() - plain).abs()[real]
+                out[f"{name}_vs_plain_mean_abs"] = float(diff.mean())
+                out[f"{name}_vs_plain_max_abs"] = float(diff.max())
+    finally:
+        trainer.length_buckets, trainer.shared_prompt = saved
+    return out
+
+
+def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """A few GRPO steps at the benchmark shape: (mean breakdown of the steps after the first with each phase's bound,
+    one row per step, extras).
+
+    ``--step-trainer phase6`` (default): ``EngineGRPOTrainer`` with ``--step-engine hf`` (HFEngine, ``--step-decode``)
+    or ``vllm`` (the colocated vLLM engine built by ``phase6.rollout.vllm.build_vllm_engine`` -- the function
+    ``phase6 grpo engine=vllm`` calls -- with ``gpu_memory_utilization = --vllm-gpu-memory-utilization``); the step
+    levers ``--mismatch-every``, ``--length-buckets``, ``--liger``, ``--gradient-checkpointing``.
+    ``--step-trainer stock``: TRL 1.16's GRPOTrainer as shipped (its HF ``generate`` rollout, ``use_vllm=False``,
+    gradient checkpointing on: TRL's default), only timed (``TimedGRPOTrainer``); the levers do not apply."""
     import torch
     from datasets import Dataset
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     from trl import GRPOConfig
 
-    from phase6.posttrain.grpo_timing import PHASES, summarize
-    from phase6.posttrain.grpo_trainer import EngineGRPOTrainer
+    from phase6.posttrain.grpo_timing import PHASES, Ceilings, ModelShape, add_bound_columns, phase_bounds, summarize
+    from phase6.posttrain.grpo_trainer import EngineGRPOTrainer, TimedGRPOTrainer
     from phase6.posttrain.tiny import CHATML_TEMPLATE
     from phase6.rollout.hf import HFEngine
     from phase6.tasks.digits import digit_reward
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    stock = args.step_trainer == "stock"
+    extras: dict[str, Any] = {"ceilings": measure_ceilings()}
+    print(json.dumps({"ceilings": extras["ceilings"]}), flush=True)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    liger = args.liger == "on" and not stock
+    if liger:
+        # the lever runs only if it imports, patches and keeps the numerics here; otherwise the run goes on without
+        # it and says why (a failed lever must not cost the whole row)
+        try:
+            extras["liger_parity"] = liger_parity(dtype)
+        except Exception as e:  # noqa: BLE001 - any failure of the optional kernels turns the lever off
+            extras["liger_parity"] = {"pass": False, "error": f"{type(e).__name__}: {e}"}
+            free_memory()
+        print(json.dumps({"liger_parity": extras["liger_parity"]}), flush=True)
+        if not extras["liger_parity"]["pass"]:
+            liger = False
+            print("liger: parity check failed or errored; this run continues with --liger off", flush=True)
     # A word-level tokenizer over Qwen's id space ("t<id>"), ChatML specials at Qwen's ids: text round-trips to the
     # same ids, so prompts and completions have the real shapes without the Qwen tokenizer files.
     specials = {"<|endoftext|>": PAD, "<|im_start|>": 151644, "<|im_end|>": EOS}
@@ -521,11 +670,14 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
     tok.chat_template = CHATML_TEMPLATE
     work = Path(tempfile.mkdtemp(prefix="grpo_bench_"))
-    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     arch = None
     if DEVICE == "cpu" and args.step_engine == "vllm":  # vLLM's CPU attention needs head_dim >= 32
         arch = QWEN25_15B | CPU_CHECK_ARCH | {"hidden_size": 256, "intermediate_size": 512}
-    dummy_model("cpu", arch).save_pretrained(work / "model")
+    # random weights drawn on the device (seconds instead of ~15 s of CPU init for 1.5B parameters), saved once
+    init_model = dummy_model(DEVICE if DEVICE == "cuda" and arch is None else "cpu", arch)
+    init_model.save_pretrained(work / "model")
+    del init_model
+    free_memory()
     tok.save_pretrained(work / "model")
     rng = random.Random(0)
     rows = [
@@ -540,10 +692,12 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
         }
         for _ in range(args.prompts * (args.steps + 1))
     ]
+    micro_steps = args.prompts * args.group // args.micro_batch_size
+    checkpointing = True if stock else args.gradient_checkpointing == "on"
     cfg = GRPOConfig(
         output_dir=str(work / "out"),
         per_device_train_batch_size=args.micro_batch_size,
-        gradient_accumulation_steps=args.prompts * args.group // args.micro_batch_size,
+        gradient_accumulation_steps=micro_steps,
         num_generations=args.group,
         max_completion_length=args.new_tokens,
         max_steps=args.steps,
@@ -551,7 +705,7 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
         beta=0.001,
         bf16=DEVICE == "cuda",
         use_cpu=DEVICE == "cpu",
-        gradient_checkpointing=True,
+        gradient_checkpointing=checkpointing,
         use_vllm=False,
         logging_steps=1,
         save_strategy="no",
@@ -565,35 +719,50 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
             from phase6.rollout.vllm import build_vllm_engine
 
             options = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization} if DEVICE == "cuda" else {}
-            return build_vllm_engine(trainer, "colocate", options)
+            return build_vllm_engine(trainer, "colocate", options, engine_logprobs=args.vllm_logprobs == "on")
         m = AutoModelForCausalLM.from_pretrained(work / "model", dtype=dtype).to(DEVICE)
         return HFEngine(m, PAD, [EOS], decode=args.step_decode, pad_to_multiple=64, score_batch_size=8)
 
-    t0 = wall()
-    trainer = EngineGRPOTrainer(
+    common = dict(
         model=str(work / "model"),
         reward_funcs=[digit_reward],
         args=cfg,
         train_dataset=Dataset.from_list(rows),
         processing_class=tok,
-        engine_builder=build,
-        probe_every=0,
     )
+    t0 = wall()
+    if stock:
+        trainer = TimedGRPOTrainer(**common)
+    else:
+        trainer = EngineGRPOTrainer(
+            **common,
+            engine_builder=build,
+            probe_every=0,
+            mismatch_every=args.mismatch_every,
+            length_buckets=args.length_buckets == "on",
+            shared_prompt=args.shared_prompt == "on",
+            liger=liger,
+        )
     init_s = wall() - t0
     trainer.train()
     # per step: the phase seconds, and what the trainer logged for it (engine tokens/s, lengths, sync, mismatch)
     logs = [h for h in trainer.state.log_history if "time/step_s" in h]
-    syncs = {s["step"]: s for s in trainer.sync_log}
-    mismatch = {m["step"]: m for m in trainer.mismatch_log}
+    syncs = {s["step"]: s for s in getattr(trainer, "sync_log", [])}
+    mismatch = {m["step"]: m for m in getattr(trainer, "mismatch_log", [])}
+    tokens = {t["step"]: t for t in trainer.token_log}
     per_step = []
     for i, r in enumerate(trainer.step_rows):
         log = logs[i] if i < len(logs) else {}
-        s, m = syncs.get(i, {}), mismatch.get(i, {})
+        s, m, t = syncs.get(i, {}), mismatch.get(i, {}), tokens.get(i, {})
         row = {"step": i + 1, "step_s": round(r["step"], 3), **{k: round(r[k], 3) for k in PHASES if r[k]}}
         row |= {
-            "engine_tokens_per_s": round(log["rollout/engine_tokens_per_s"]) if log else None,
+            "engine_tokens_per_s": round(log["rollout/engine_tokens_per_s"])
+            if "rollout/engine_tokens_per_s" in log
+            else None,
             "completion_mean_len": log.get("completions/mean_length"),
             "clipped_ratio": log.get("completions/clipped_ratio"),
+            "real_tokens": t["prompt_tokens"] + t["completion_tokens"] if t else None,
+            "padded_tokens": t.get("padded_tokens"),
             "sync_bytes": s.get("bytes"),
             "sync_tensors": s.get("num_tensors"),
             "sync_ms": round(s["ms"], 1) if s else None,
@@ -607,7 +776,25 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
     table = summarize(trainer.step_rows, skip_first=1)
     for r in table:
         r.pop("what")
-    later = trainer.sync_log[1:] or trainer.sync_log
+    # bounds from the mean token counts of the timed steps (the same steps the table averages)
+    c = extras["ceilings"]
+    timed_tokens = trainer.token_log[1:] or trainer.token_log
+    later = getattr(trainer, "sync_log", [])[1:] or getattr(trainer, "sync_log", [])
+    if c.get("matmul_tflops") and timed_tokens:
+        mean_tokens = {k: sum(t[k] for t in timed_tokens) / len(timed_tokens) for k in timed_tokens[0] if k != "step"}
+        extras["tokens_per_step"] = mean_tokens
+        shape = ModelShape.of(trainer.accelerator.unwrap_model(trainer.model))
+        extras["model_shape"] = dataclasses.asdict(shape)
+        bounds = phase_bounds(
+            mean_tokens,
+            shape,
+            Ceilings(c["matmul_tflops"] * 1e12, c["copy_tb_per_s"] * 1e12),
+            ref_forward=trainer.beta != 0.0,
+            sync_bytes=later[0]["bytes"] if later else 0.0,
+            micro_steps=micro_steps,
+        )
+        extras["bounds"] = bounds
+        add_bound_columns(table, bounds)
     if later:
         table.append(
             {
@@ -619,17 +806,18 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
                 "mechanism": later[0]["mechanism"],
             }
         )
-    use = trainer.mismatch_log[1:] or trainer.mismatch_log
-    if use:
+    mlog = getattr(trainer, "mismatch_log", [])
+    if mlog:
         table.append(
             {
-                "phase": "logp mismatch, abs(log pi_train - log mu_engine), lag 0",
+                "phase": "logp mismatch, abs(log pi_train - log mu_engine), lag 0, steps "
+                + ",".join(str(m["step"] + 1) for m in mlog),
                 "mean_s_per_step": None,
                 "share_pct": None,
-                "mean": sum(m["logp_mismatch_mean"] for m in use) / len(use),
-                "max": max(m["logp_mismatch_max"] for m in use),
-                "tokens": sum(m["tokens"] for m in use),
-                "nan_tokens": sum(m["nan_tokens"] for m in use),
+                "mean": sum(m["logp_mismatch_mean"] for m in mlog) / len(mlog),
+                "max": max(m["logp_mismatch_max"] for m in mlog),
+                "tokens": sum(m["tokens"] for m in mlog),
+                "nan_tokens": sum(m["nan_tokens"] for m in mlog),
             }
         )
     table.append({"phase": "trainer + engine init (s, once)", "mean_s_per_step": init_s, "share_pct": None})
@@ -642,9 +830,28 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
                 "gib": gib(torch.cuda.max_memory_allocated()),
             }
         )
-    engine = trainer.engine
-    del trainer, engine
-    return table, per_step
+    if not stock:
+        try:
+            extras["lever_parity"] = lever_parity(trainer)
+        except Exception as e:  # noqa: BLE001 - a diagnostic after the timed steps; never costs the row
+            extras["lever_parity"] = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps({"lever_parity": extras["lever_parity"]}), flush=True)
+    extras["trainer"] = "TRL 1.16 GRPOTrainer (stock, timed)" if stock else "phase6 EngineGRPOTrainer"
+    extras["levers"] = (
+        {"gradient_checkpointing": True}
+        if stock
+        else {
+            "gradient_checkpointing": checkpointing,
+            "mismatch_every": args.mismatch_every,
+            "length_buckets": args.length_buckets == "on",
+            "sorted_micro_batches": trainer.sort_micro_batches,
+            "shared_prompt": trainer.shared_prompt,
+            "liger": liger,
+            "liger_patched_modules": {k: len(v) for k, v in trainer.liger_patched.items()},
+        }
+    )
+    del trainer
+    return table, per_step, extras
 
 
 def print_table(title: str, rows: list[dict[str, Any]]) -> None:
@@ -683,6 +890,35 @@ def main() -> None:
         choices=("hf", "vllm"),
         help="--part step rollout engine: hf (HFEngine) | vllm (colocated vLLM, phase6 grpo engine=vllm's builder)",
     )
+    p.add_argument(
+        "--step-trainer",
+        default="phase6",
+        choices=("phase6", "stock"),
+        help="--part step: phase6 (EngineGRPOTrainer + our engine) | stock (TRL's GRPOTrainer with HF generate)",
+    )
+    p.add_argument("--gradient-checkpointing", default="off", choices=("on", "off"), help="--part step, phase6 trainer")
+    p.add_argument(
+        "--mismatch-every",
+        type=int,
+        default=10,
+        help="--part step: current-policy forward for the lag-0 mismatch metric every N steps (1 = every step)",
+    )
+    p.add_argument("--length-buckets", default="on", choices=("on", "off"), help="--part step: sorted, trimmed batches")
+    p.add_argument(
+        "--shared-prompt",
+        default="off",
+        choices=("on", "off"),
+        help="--part step: each distinct prompt once per log-prob pass, its KV cache shared by its completions",
+    )
+    p.add_argument(
+        "--liger", default="on", choices=("on", "off"), help="--part step: Liger RMSNorm + SwiGLU on policy and ref"
+    )
+    p.add_argument(
+        "--vllm-logprobs",
+        default="on",
+        choices=("on", "off"),
+        help="--part step --step-engine vllm: off = no engine log-probs, the trainer's forward is the anchor",
+    )
     p.add_argument("--out", default=None, help="write every table as JSON here")
     p.add_argument("--cpu-check", action="store_true", help="2-layer model, tiny shape, on CPU: checks the script only")
     args = p.parse_args()
@@ -695,6 +931,7 @@ def main() -> None:
     if args.cpu_check:
         DEVICE = "cpu"
         args.prompts, args.group, args.new_tokens, args.steps, args.micro_batch_size = 4, 2, 8, 2, 4
+        args.liger = "off"  # Triton kernels: CUDA only
     elif not torch.cuda.is_available():
         raise SystemExit("bench.py measures GPU throughput; no CUDA device here (--cpu-check runs the code paths)")
     import transformers
@@ -721,8 +958,10 @@ def main() -> None:
         result["check"] = bench_check(args)
         tables.append(("check", "Correctness on this device (fp32, 2 layers; 64 rows x 48 tokens on a GPU)"))
     if "step" in parts:
-        result["step"], result["step_rows"] = bench_step(args)
+        result["step"], result["step_rows"], result["step_extras"] = bench_step(args)
         engine = f"HF engine, {args.step_decode}" if args.step_engine == "hf" else "vLLM colocate"
+        if args.step_trainer == "stock":
+            engine = "TRL 1.16 stock GRPOTrainer, HF generate"
         tables.append(
             (
                 "step",

@@ -176,7 +176,12 @@ def engine_builder(cfg: GrpoRunConfig, model_path: str, use_cuda: bool) -> Any:
             from phase6.rollout.vllm import build_vllm_engine
 
             return build_vllm_engine(
-                trainer, e.vllm_mode, dict(e.vllm), cfg.model.revision, cfg.model.trust_remote_code
+                trainer,
+                e.vllm_mode,
+                dict(e.vllm),
+                cfg.model.revision,
+                cfg.model.trust_remote_code,
+                engine_logprobs=e.vllm_logprobs,
             )
         from transformers import AutoModelForCausalLM
 
@@ -271,6 +276,13 @@ def main(cfg: GrpoRunConfig) -> Path:
     if cfg.engine.name == "verl":
         check_verl(cfg)
     use_cuda = torch.cuda.is_available()
+    if cfg.grpo.liger and use_cuda:
+        import importlib.util
+
+        if importlib.util.find_spec("liger_kernel") is None:  # before the run directory exists
+            raise ValueError(
+                "grpo.liger: needs the liger-kernel package (pip install liger-kernel) or grpo.liger=false"
+            )
     world = int(os.environ.get("WORLD_SIZE", "1"))
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
@@ -301,6 +313,10 @@ def main(cfg: GrpoRunConfig) -> Path:
         staleness=cfg.grpo.staleness,
         is_correction=cfg.grpo.is_correction,
         is_clip=cfg.grpo.is_clip,
+        mismatch_every=cfg.grpo.mismatch_every,
+        length_buckets=cfg.grpo.length_buckets,
+        shared_prompt=cfg.grpo.shared_prompt,
+        liger=cfg.grpo.liger and use_cuda,
         snapshot_device=cfg.engine.snapshot_device,
         probe_every=cfg.engine.probe_every,
         monitor=monitor,

@@ -123,6 +123,9 @@ class EngineConfig:
     """colocate: ``vllm.LLM`` keyword arguments (gpu_memory_utilization, max_model_len, enable_sleep_mode, ...;
     checked against vLLM's EngineArgs before the run starts); server: TRL's VLLMGeneration arguments
     (server_host, server_port, server_timeout, ...)."""
+    vllm_logprobs: bool = True
+    """colocate: vLLM returns the sampled tokens' log-probs (the behaviour anchor). False: it returns none (vLLM 0.26
+    spends ~8 ms per 512-row decode step building them) and the trainer's current-policy forward is the anchor."""
     hf_decode: str = "loop"
     """HF engine: loop (phase6's static-cache decode loop, one CUDA graph replay per token) | generate
     (transformers' generate; the two knobs below apply to it only)."""
@@ -164,6 +167,11 @@ class EngineConfig:
         for k in ("hf_pad_to_multiple", "hf_score_batch_size"):
             require(getattr(self, k) >= 1, f"engine.{k}", f"must be >= 1, got {getattr(self, k)}")
         require(self.probe_every >= 0, "engine.probe_every", f"must be >= 0, got {self.probe_every}")
+        require(
+            self.vllm_logprobs or self.vllm_mode == "colocate",
+            "engine.vllm_logprobs",
+            "false is supported with engine.vllm_mode=colocate only",
+        )
         fixed = ("mode", "model", "accelerator", "processing_class", "logprobs")
         if self.vllm_mode == "colocate":  # phase6.rollout.vllm.COLOCATE_FIXED
             fixed += ("distributed_executor_backend", "logprobs_mode", "tensor_parallel_size")
@@ -208,7 +216,21 @@ class GrpoTrainConfig:
     is_clip: float = 2.0
     """Truncation C of the IS weight min(pi/mu, C) (TRL's vLLM IS correction uses 3.0, verl 2.0)."""
     gradient_checkpointing: bool = True
-    """Recompute activations in the backward pass (memory for speed)."""
+    """Recompute activations in the backward pass (memory for speed). Off is ~25 % faster in the policy update and
+    fits a 1.5B policy at 64 x 8 x 512 on one H200 (docs/benchmarks.md, issue 31); keep it on for 7B on one GPU."""
+    mismatch_every: int = 10
+    """Run the current-policy no-grad forward for the lag-0 rollout/training mismatch metric every N steps (1: every
+    step, 0: never). Staleness > 0, IS correction, or behaviour log-probs the engine could not give run it anyway."""
+    length_buckets: bool = True
+    """Sort each generation batch by length before splitting it into micro-batches (not with loss_type bnpo, whose
+    value depends on the split) and trim the all-padding columns of every log-prob forward."""
+    shared_prompt: bool = False
+    """Every log-prob pass runs each distinct prompt through the backbone once and shares its KV cache with the
+    group's completions (needs length_buckets; one process; not under gradient checkpointing). Same log-probs and
+    gradient within float noise (tests/test_grpo_levers.py); the prompt tokens' FLOPs drop by num_generations."""
+    liger: bool = False
+    """Liger-Kernel's fused RMSNorm + SwiGLU on the policy and reference (CUDA + the liger-kernel package; the rollout
+    engine is left alone). Recommended on GPU (docs/benchmarks.md, issue 31)."""
     logging_steps: int = 1
     """Log every N optimizer steps (1: every step's breakdown row is logged)."""
     trl: dict[str, Any] = field(default_factory=dict)
@@ -241,6 +263,12 @@ class GrpoTrainConfig:
             f"must be one of {list(IS_CORRECTIONS)}, got {self.is_correction!r}",
         )
         require(self.is_clip >= 1, "grpo.is_clip", f"must be >= 1, got {self.is_clip}")
+        require(self.mismatch_every >= 0, "grpo.mismatch_every", f"must be >= 0, got {self.mismatch_every}")
+        require(
+            self.length_buckets or not self.shared_prompt,
+            "grpo.shared_prompt",
+            "needs grpo.length_buckets=true (micro-batches of whole prompt groups)",
+        )
         for key in self.trl:
             require(
                 key not in OWNED_TRL_KEYS,

@@ -137,6 +137,119 @@ def summarize(rows: list[dict[str, float]], skip_first: int = 1) -> list[dict[st
     return out
 
 
+@dataclass(frozen=True)
+class Ceilings:
+    """The two rates a phase is held against, measured on the device (phase6's GRPO bench: an 8192^3 bf16 matmul,
+    and a large device-to-device copy counting bytes read + written)."""
+
+    matmul_flops_per_s: float
+    copy_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the bounds need of the model: parameters (tied embedding counted once, as the LM head), the LM head's
+    share, layers, query width and KV bytes per token."""
+
+    params: int
+    lm_head_params: int
+    layers: int
+    q_width: int
+    kv_bytes_per_token: int
+    param_bytes: int
+
+    @classmethod
+    def of(cls, model: Any) -> ModelShape:
+        c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        params = sum(p.numel() for p in model.parameters())
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        elem = next(model.parameters()).element_size()
+        return cls(
+            params=params,
+            lm_head_params=model.get_output_embeddings().weight.numel(),
+            layers=c.num_hidden_layers,
+            q_width=c.num_attention_heads * head_dim,
+            kv_bytes_per_token=2 * c.num_hidden_layers * kv_heads * head_dim * elem,
+            param_bytes=params * elem,
+        )
+
+
+def phase_bounds(
+    tokens: dict[str, Any],
+    model: ModelShape,
+    ceilings: Ceilings,
+    *,
+    ref_forward: bool,
+    sync_bytes: float = 0.0,
+    micro_steps: int = 1,
+) -> dict[str, dict[str, Any]]:
+    """The least time each phase can take on this device: max(matmul FLOPs / matmul rate, HBM bytes / copy rate).
+
+    FLOPs count the work the phase cannot avoid, not what a configuration chooses to redo: the backbone
+    (params - lm_head) on every real token, the LM head on completion tokens only, causal attention (QK^T and PV:
+    4 x layers x q_width per attended pair); padding, recomputation (gradient checkpointing) and a second no-grad
+    forward are overheads the % of bound shows.
+    - rollout: prefill of each distinct prompt once (prompt tokens / group) + one decode position per completion
+      token; bytes: the weights once per decode step (max completion length steps) + the KV cache each generated
+      token attends to;
+    - ref_logprobs: one forward over the real tokens when the KL term needs the reference (beta > 0), else no bound;
+    - policy_update: forward + backward = 3x the forward's FLOPs; bytes: weights read by each micro-step's forward
+      and backward (3x) and AdamW's read of params, grads and two moments and write of params and moments (7x);
+    - weight_sync: bytes read + written once;
+    - reward, other, behaviour_logprobs, throughput_probe: no bound (host work, or not part of the minimal step).
+    Returns {phase: {flops, bytes, bound_s, binds}} for the bounded phases, plus "step" (their sum)."""
+    body = model.params - model.lm_head_params
+    prompt, completion = tokens["prompt_tokens"], tokens["completion_tokens"]
+    real = prompt + completion
+    attention_fwd = 4.0 * model.layers * model.q_width * tokens["attention_pairs"]
+    forward = 2.0 * body * real + 2.0 * model.lm_head_params * completion + attention_fwd
+    unique_prompt = prompt / max(tokens.get("group", 1), 1)
+    rollout_flops = (
+        2.0 * body * (unique_prompt + completion)
+        + 2.0 * model.lm_head_params * completion
+        + 4.0 * model.layers * model.q_width * tokens["decode_context"]
+    )
+    rollout_bytes = tokens["max_completion"] * model.param_bytes + model.kv_bytes_per_token * tokens["decode_context"]
+    work = {
+        ROLLOUT: (rollout_flops, rollout_bytes),
+        POLICY_UPDATE: (3.0 * forward, (3 * micro_steps + 7) * model.param_bytes),
+    }
+    if ref_forward:
+        work[REF_LOGPROBS] = (forward, model.param_bytes)
+    if sync_bytes:
+        work[WEIGHT_SYNC] = (0.0, 2.0 * sync_bytes)
+    out: dict[str, dict[str, Any]] = {}
+    for phase, (flops, nbytes) in work.items():
+        t_flops = flops / ceilings.matmul_flops_per_s
+        t_bytes = nbytes / ceilings.copy_bytes_per_s
+        out[phase] = {
+            "flops": flops,
+            "bytes": nbytes,
+            "bound_s": max(t_flops, t_bytes),
+            "binds": "flops" if t_flops >= t_bytes else "bytes",
+        }
+    out["step"] = {
+        "flops": sum(v["flops"] for v in out.values()),
+        "bytes": sum(v["bytes"] for v in out.values()),
+        "bound_s": sum(v["bound_s"] for v in out.values()),
+        "binds": "sum of phases",
+    }
+    return out
+
+
+def add_bound_columns(table: list[dict[str, Any]], bounds: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Adds ``bound_s``, ``pct_of_bound`` (bound / measured x 100) and ``binds`` to summarize()'s rows."""
+    for row in table:
+        b = bounds.get(row["phase"])
+        measured = row.get("mean_s_per_step")
+        if b is None or not measured:
+            row |= {"bound_s": None, "pct_of_bound": None, "binds": None}
+            continue
+        row |= {"bound_s": b["bound_s"], "pct_of_bound": 100.0 * b["bound_s"] / measured, "binds": b["binds"]}
+    return table
+
+
 def plot_breakdown(rows: list[dict[str, float]], path: Path) -> Path:
     """Stacked bars: seconds per phase for every step (the bar heights are the step times)."""
     import matplotlib

@@ -128,11 +128,21 @@ class VLLMColocateEngine:
     mode = "colocate"
     mechanism = MECHANISMS["colocate"]
 
-    def __init__(self, llm: Any, eos_ids: Iterable[int], device: torch.device, sleep_mode: bool = False) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        eos_ids: Iterable[int],
+        device: torch.device,
+        sleep_mode: bool = False,
+        engine_logprobs: bool = True,
+    ) -> None:
         self.llm = llm
         self.eos_ids = sorted(set(eos_ids))
         self.device = device
         self.sleep_mode = sleep_mode
+        # False: vLLM returns no log-probs (vLLM 0.26 spends ~8 ms per decode step of 512 rows building them); every
+        # behaviour log-prob is NaN and the trainer anchors on its own current-policy forward instead
+        self.engine_logprobs = engine_logprobs
         self._asleep = False
 
     def _wake(self) -> None:
@@ -157,7 +167,7 @@ class VLLMColocateEngine:
             top_k=params.top_k if params.top_k > 0 else -1,
             min_tokens=params.min_new_tokens,
             max_tokens=params.max_new_tokens,
-            logprobs=0,  # the sampled token's log-prob only
+            logprobs=0 if self.engine_logprobs else None,  # the sampled token's log-prob only
             stop_token_ids=self.eos_ids,
             detokenize=False,
         )
@@ -172,6 +182,9 @@ class VLLMColocateEngine:
             for c in out.outputs:
                 ids = list(c.token_ids)
                 completions.append(ids)
+                if not self.engine_logprobs:
+                    logprobs.append([float("nan")] * len(ids))
+                    continue
                 # vLLM writes NaN where it could not score a token; TRL's convention: NaN -> no IS correction
                 row = []
                 for tok, entry in zip(ids, c.logprobs or [], strict=False):
@@ -243,10 +256,12 @@ def build_vllm_engine(
     options: dict[str, Any],
     revision: str | None = None,
     trust_remote_code: bool = False,
+    engine_logprobs: bool = True,
 ) -> VLLMColocateEngine | VLLMServerEngine:
     """The engine for ``trainer.model`` (same checkpoint, same dtype). ``options``: colocate -> ``vllm.LLM``
     keyword arguments (``gpu_memory_utilization``, ``max_model_len``, ``enable_sleep_mode``, ...); server -> TRL's
-    ``VLLMGeneration`` arguments (``server_host``, ``server_port``, ``server_timeout``, ...)."""
+    ``VLLMGeneration`` arguments (``server_host``, ``server_port``, ``server_timeout``, ...). ``engine_logprobs``
+    (colocate only): False = no log-probs from vLLM, the trainer's current-policy forward is the anchor."""
     acc = trainer.accelerator
     if mode == "colocate":
         policy = acc.unwrap_model(trainer.model)
@@ -260,7 +275,11 @@ def build_vllm_engine(
             revision=revision,
             trust_remote_code=trust_remote_code,
         )
-        return VLLMColocateEngine(llm, trainer.eos_token_ids, acc.device, bool(options.get("enable_sleep_mode")))
+        return VLLMColocateEngine(
+            llm, trainer.eos_token_ids, acc.device, bool(options.get("enable_sleep_mode")), engine_logprobs
+        )
+    if not engine_logprobs:
+        raise ValueError("engine.vllm_logprobs=false is for vllm_mode=colocate (the server path is TRL's)")
     from trl.generation.vllm_generation import VLLMGeneration
 
     generation = VLLMGeneration(

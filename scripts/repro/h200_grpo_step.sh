@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# GRPO step at 64 prompts x 8 generations x 512 new tokens on one H200: phase6 after (the new defaults), TRL 1.16's
+# stock GRPOTrainer (HF generate), phase6 before (3348fbd), then lever variants while the budget lasts.
+# Reproduces docs/benchmarks.md, "6D at the roofline: the GRPO step before / after / TRL stock (issue 31)".
+#
+#   bash scripts/repro/h200_grpo_step.sh CARRY_DIR
+#
+# Order: after (new defaults, 3 steps), TRL stock (1 step), before (2 steps), after + shared prompt (2 steps), then
+# --liger off and --gradient-checkpointing on (2 steps each) while the budget lasts (~400 s for the first four).
+# CARRY_DIR holds whl/ (trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19, liger-kernel 0.8.5; the image
+# has torch 2.11, transformers 5.17, accelerate, pyarrow, pandas, xxhash, triton 3.6) and before.tar.xz (git archive
+# of 3348fbd). Every part runs under its own `timeout`, capped by what is left of BUDGET_S (default 405 s; with the
+# 5 s kill grace and the summary the script stays under 420 s), so the
+# whole script ends inside it even if a part hangs. Writes 2 files to $OUT: grpo_step.tar.xz (every part's JSON and
+# log) and grpo_step_summary.md; prints the summary table last.
+set -u
+CARRY=$(cd "${1:?usage: h200_grpo_step.sh CARRY_DIR}" && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+BUDGET_S=${BUDGET_S:-405}
+START=$SECONDS
+OUT=${OUT:-/tmp/i31_out}
+WORK=/tmp/i31_work
+rm -rf "$WORK" && mkdir -p "$WORK/json" "$OUT"
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/i31_site \
+    "$CARRY"/whl/*.whl || { echo "wheel install failed"; exit 2; }
+export PYTHONPATH=/tmp/i31_site
+mkdir -p /tmp/i31_before && tar -xJf "$CARRY/before.tar.xz" -C /tmp/i31_before || { echo "before.tar.xz"; exit 2; }
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TRL_EXPERIMENTAL_SILENCE=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+
+# part NAME MIN_S CAP_S TREE ARGS...: runs TREE/projects/6d_grpo/bench.py --part step ARGS under
+# timeout min(CAP_S, time left); skipped when less than MIN_S is left.
+part() {
+    local name=$1 min=$2 cap=$3 tree=$4
+    shift 4
+    local left=$((BUDGET_S - (SECONDS - START)))
+    if ((left < min)); then
+        echo "SKIP $name: ${left}s left < ${min}s" | tee -a "$WORK/parts.txt"
+        return
+    fi
+    local limit=$((left < cap ? left : cap)) t0=$SECONDS rc
+    timeout -k 5 "$limit" python3 "$tree/projects/6d_grpo/bench.py" --part step --out "$WORK/json/$name.json" "$@" \
+        >"$WORK/$name.log" 2>&1
+    rc=$?
+    echo "$name rc=$rc $((SECONDS - t0))s (limit ${limit}s): $*" | tee -a "$WORK/parts.txt"
+    # per-step times as the trainer logs them (also when the part was cut short), then any error
+    grep -o "'time/step_s': '[0-9.e+-]*'" "$WORK/$name.log" | tr '\n' ' '
+    echo
+    grep -E 'Error|error:|liger:' "$WORK/$name.log" | tail -n 4
+}
+
+# most important first: after (new defaults), the stock anchor (1 step: one HF `generate` rollout is ~1 min; its
+# only step includes TRL's Triton JIT of the fused LM head), before (2 steps), then after + shared prompt (the lever
+# predicted to reach 15 s; 2 steps, the second timed) and what single levers bought while time lasts
+part h200_grpo_step_after 60 125 "$REPO" --steps 3
+part h200_grpo_step_stock_trl 90 150 "$REPO" --step-trainer stock --steps 1
+part h200_grpo_step_before_3348fbd 70 125 /tmp/i31_before --steps 2
+part h200_grpo_step_after_shared_prompt 65 110 "$REPO" --steps 2 --shared-prompt on
+part h200_grpo_step_after_liger_off 65 100 "$REPO" --steps 2 --liger off
+part h200_grpo_step_after_checkpointing_on 65 100 "$REPO" --steps 2 --gradient-checkpointing on
+
+python3 "$REPO/scripts/repro/grpo_step_summary.py" "$WORK/json" >"$OUT/grpo_step_summary.md" 2>&1
+tar -C "$WORK" -cJf "$OUT/grpo_step.tar.xz" . 2>/dev/null
+echo "total $((SECONDS - START))s"
+cat "$WORK/parts.txt"
+cat "$OUT/grpo_step_summary.md"
