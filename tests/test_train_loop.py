@@ -207,6 +207,7 @@ def torchrun(run_dir: Path, data_dir: str, mode: str, *extra: str) -> subprocess
         "model.block_size=32",
         "optim.lr=3e-3",
         "optim.warmup_steps=2",
+        "optim.warmup_frac=null",
         "train.micro_batch_size=2",
         "train.seq_len=32",
         "train.global_batch_tokens=256",
