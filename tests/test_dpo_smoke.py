@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from runrecord_checks import assert_run_files, assert_sections, read_jsonl, read_results, run_smoke, run_sweep
 
 
+@pytest.mark.slow  # the whole DPO smoke with its lm-eval battery: 148 s on the loaded 2-core box
 def test_smoke_run_directory(tmp_path: Path) -> None:
     run_dir = tmp_path / "smoke"
     run_smoke("dpo", run_dir, "output.merge=true", timeout=300)
