@@ -110,6 +110,7 @@ def test_pinned_backend_survives_activation_checkpointing() -> None:
         model(*batch())
 
 
+@pytest.mark.slow  # two inductor compiles: 42 s on the loaded 2-core box
 def test_fullgraph_compile_traces_the_pinned_backend() -> None:
     """torch.compile(fullgraph=True) through the sdpa_kernel context: no graph break, the eager loss and grads."""
     cfg = dataclasses.replace(CFG, n_layer=1)
@@ -362,10 +363,10 @@ def overfit_curve(cfg: ModelConfig, steps: int = 30, **float8: object) -> tuple[
 
 @pytest.mark.parametrize(
     "change",
-    [
-        {"float8": "tensorwise"},
-        {"float8": "rowwise"},
-        {"float8": "tensorwise", "float8_lm_head": True},
+    [  # the FP8 GEMMs run emulated on CPU: 63-140 s each on the loaded 2-core box, so slow (make test-all)
+        pytest.param({"float8": "tensorwise"}, marks=pytest.mark.slow),
+        pytest.param({"float8": "rowwise"}, marks=pytest.mark.slow),
+        pytest.param({"float8": "tensorwise", "float8_lm_head": True}, marks=pytest.mark.slow),
         {"residual_dtype": "bf16"},
     ],
     ids=lambda c: "+".join(f"{k}={v}" for k, v in c.items()),
