@@ -44,12 +44,18 @@ def test_scripts_top_level_holds_only_the_listed_entry_points() -> None:
 
 @pytest.mark.parametrize("script", sorted(p.name for p in REPRO.iterdir() if p.suffix in {".py", ".sh"}))
 def test_each_repro_script_and_its_journal_section_name_each_other(script: str) -> None:
-    refs = REPRO_LINE.findall((REPRO / script).read_text())
-    assert refs, f"scripts/repro/{script}: no 'Reproduces: docs/<file>.md § <section>' line"
+    """The script's header names the journal file (best: a ``Reproduces: docs/<file>.md § <heading start>`` line,
+    checked exactly), and a section of that file names ``scripts/repro/<script>`` back."""
+    header = "\n".join((REPRO / script).read_text().splitlines()[:60])
+    refs = REPRO_LINE.findall(header)
+    docs = {d for d, _ in refs} or set(re.findall(r"docs/[\w-]+\.md", header))
+    assert docs, f"scripts/repro/{script}: its header names no docs/<file>.md section it reproduces"
     for doc, start in refs:
         found = [body for _, text, body in sections(REPO / doc) if text.startswith(start)]
         assert len(found) == 1, f"scripts/repro/{script}: {doc} has {len(found)} sections starting {start!r}"
         assert f"scripts/repro/{script}" in found[0], f"{doc} § {start} does not name scripts/repro/{script}"
+    named_in = [d for d in docs if any(f"scripts/repro/{script}" in body for _, _, body in sections(REPO / d))]
+    assert named_in, f"no section of {sorted(docs)} names scripts/repro/{script}"
 
 
 def test_every_mentioned_script_path_exists() -> None:
