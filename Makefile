@@ -19,7 +19,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_M
 TORCHRUN := $(BIN)/torchrun --nnodes $(NNODES) --node_rank $(NODE_RANK) --nproc_per_node $(NPROC) \
 	--rdzv_backend c10d --rdzv_endpoint $(MASTER_ADDR):$(MASTER_PORT)
 
-.PHONY: setup setup-vllm demo test lint 6a 6b 6c 6d clean
+.PHONY: setup setup-vllm demo test test-all lint 6a 6b 6c 6d clean
 
 $(BIN)/phase6: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,12 @@ setup-vllm: $(VLLM_VENV)/.setup-done
 demo: $(BIN)/phase6
 	$(OFFLINE) $(BIN)/python scripts/demo.py
 
+# `make test`: the fast tests (a newcomer's first command, <= 10 min on 2 cores); `make test-all`: also the tests
+# marked slow (> ~20 s each, or needing the vLLM venv). CI (.ci/run) runs test-all.
 test: $(BIN)/phase6
+	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow" tests
+
+test-all: $(BIN)/phase6
 	$(OFFLINE) $(BIN)/python -m pytest -q tests
 
 lint: $(BIN)/phase6

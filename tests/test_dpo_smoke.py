@@ -4,9 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from runrecord_checks import assert_run_files, assert_sections, read_jsonl, read_results, run_smoke, run_sweep
 
+from phase6.launch import load_config
 
+
+def test_smoke_experiment_is_the_tiny_cpu_run() -> None:
+    """Fast check (the two end-to-end runs below are slow: make test-all): experiment=smoke resolves to the tiny CPU
+    run they assert on: 16 steps with a margin probe of 16 pairs every 4 (margins.jsonl rows 0, 4, ..., 16), no
+    lm-eval task beyond the local ones."""
+    cfg = load_config("dpo", ["experiment=smoke"])
+    assert (cfg.dpo.max_steps, cfg.dpo.eval_steps, cfg.diagnostics.probe_size) == (16, 4, 16)
+    assert cfg.hardware.name == "cpu" and cfg.model.name == "tiny" and cfg.eval.tasks == []
+
+
+@pytest.mark.slow  # the whole DPO smoke with its lm-eval battery: 148 s on the loaded 2-core box
 def test_smoke_run_directory(tmp_path: Path) -> None:
     run_dir = tmp_path / "smoke"
     run_smoke("dpo", run_dir, "output.merge=true", timeout=300)
@@ -56,6 +69,7 @@ def test_smoke_run_directory(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow  # two DPO runs: 24-71 s on the loaded 2-core box
 def test_beta_sweep_summary(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     rows = run_sweep("dpo", sweep, "dpo.beta=0.05,0.3", "dpo.max_steps=4", "eval.enabled=false", timeout=180)

@@ -24,7 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVE_DIR = ROOT / "configs" / "serve_bench" / "serve"
 DEPLOY_DIR = ROOT / "projects" / "6b_serving" / "deploy"
 VLLM_PY = vllm_env.vllm_python()
-pytestmark = pytest.mark.skipif(VLLM_PY is None, reason=vllm_env.skip_reason())
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(VLLM_PY is None, reason=vllm_env.skip_reason()),
+]  # needs the vLLM venv: make test-all
 
 
 def shipped_configs(engine: str) -> list[str]:

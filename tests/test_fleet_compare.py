@@ -317,11 +317,11 @@ def test_cli_on_real_sweep_and_hardware_mismatch(tmp_path: Path) -> None:
 
 
 def test_prefill_steps_script_recovers_a_step(tmp_path: Path) -> None:
-    """scripts/prefill_steps.py: two prompts whose first tokens arrive together are one prefill step; the gap of a
+    """scripts/repro/prefill_steps.py: two prompts whose first tokens arrive together are one prefill step; the gap of a
     request decoding across it is the step's duration (the numbers behind docs/benchmarks.md's explanation)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("prefill_steps", REPO / "scripts" / "prefill_steps.py")
+    spec = importlib.util.spec_from_file_location("prefill_steps", REPO / "scripts" / "repro" / "prefill_steps.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -377,11 +377,11 @@ def test_torch_tp_limits_default_to_the_server_defaults(tmp_path: Path) -> None:
 
 
 def test_calibration_bootstrap_script(tmp_path: Path) -> None:
-    """scripts/fleet_calibration_bootstrap.py: refits on resampled C=1 requests of a planted (noise-free) sweep give
+    """scripts/repro/fleet_calibration_bootstrap.py: refits on resampled C=1 requests of a planted (noise-free) sweep give
     the planted parameters and exact predictions every time, so its intervals measure the measured sample only."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("boot", REPO / "scripts" / "fleet_calibration_bootstrap.py")
+    spec = importlib.util.spec_from_file_location("boot", REPO / "scripts" / "repro" / "fleet_calibration_bootstrap.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -424,7 +424,7 @@ def test_engine_profile_follows_the_measured_engine(tmp_path: Path) -> None:
 
 
 def test_predictions_equal_the_later_comparison(tmp_path: Path) -> None:
-    """predict_serve_bench (scripts/fleet_predict.py) on planned runs, calibrated on the C=1 run, prints exactly the
+    """predict_serve_bench (scripts/repro/fleet_predict.py) on planned runs, calibrated on the C=1 run, prints exactly the
     simulated columns compare_serve_bench prints once those runs are measured (blind tests are reproducible)."""
     sweep, cfg, setup, _ = planted_sweep(tmp_path)
     runs, _ = load_serve_bench(sweep)
@@ -444,12 +444,14 @@ def test_predictions_equal_the_later_comparison(tmp_path: Path) -> None:
 
 
 def test_vllm_steps_script_reads_steps_and_token_gaps(tmp_path: Path) -> None:
-    """scripts/fleet_vllm_steps.py through phase6.fleet.steps / tokens: chunks within 2 ms are one step (first tokens = its prompts, the rest its decode
+    """scripts/repro/fleet_vllm_steps.py through phase6.fleet.steps / tokens: chunks within 2 ms are one step (first tokens = its prompts, the rest its decode
     rows at context prompt + token index); the simulated per-token gaps of a replay add up, request by request, to
     E2E - TTFT (every token gap counted once)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("fleet_vllm_steps", REPO / "scripts" / "fleet_vllm_steps.py")
+    spec = importlib.util.spec_from_file_location(
+        "fleet_vllm_steps", REPO / "scripts" / "repro" / "fleet_vllm_steps.py"
+    )
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -79,6 +79,7 @@ def make_trainer(model_dir: tuple[Path, Any], tmp_path: Path, steps: int, lr: fl
     )
 
 
+@pytest.mark.slow  # 23 s on the loaded 2-core box
 def test_reward_rises_and_breakdown_adds_up(model_dir: tuple[Path, Any], tmp_path: Path) -> None:
     trainer = make_trainer(model_dir, tmp_path, steps=60, lr=1e-2, probe_every=20)
     start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

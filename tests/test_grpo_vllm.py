@@ -29,7 +29,10 @@ from phase6.serving.vllm_env import skip_reason, vllm_python
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-4  # fp32: vLLM and transformers agree to ~1e-6 here; bf16 kernels would not (GPU runs report it)
 VLLM_PY = vllm_python()
-pytestmark = pytest.mark.skipif(VLLM_PY is None, reason=skip_reason())
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(VLLM_PY is None, reason=skip_reason()),
+]  # needs the vLLM venv: make test-all
 
 
 def vllm_env() -> dict[str, str]:

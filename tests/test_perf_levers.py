@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -109,6 +110,7 @@ def test_pinned_backend_survives_activation_checkpointing() -> None:
         model(*batch())
 
 
+@pytest.mark.slow  # two inductor compiles: 42 s on the loaded 2-core box
 def test_fullgraph_compile_traces_the_pinned_backend() -> None:
     """torch.compile(fullgraph=True) through the sdpa_kernel context: no graph break, the eager loss and grads."""
     cfg = dataclasses.replace(CFG, n_layer=1)
@@ -226,14 +228,26 @@ def gpu_batch(seq: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x.cuda(), y.cuda()
 
 
+@pytest.fixture
+def fp32_matmuls_in_ieee() -> Iterator[None]:
+    """fp32 matmuls in full fp32 (no TF32) for one test, restored after it. Through torch's fp32_precision setting:
+    torch 2.11's cuBLAS module has no ``allow_tf32`` attribute for monkeypatch to restore (teardown error)."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("bf16", [False, True])
-def test_liger_fused_ce_matches_the_sliced_loss_on_gpu(bf16: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_liger_fused_ce_matches_the_sliced_loss_on_gpu(bf16: bool, fp32_matmuls_in_ieee: None) -> None:
     """Liger-Kernel over the padded 50304-row weight with the -inf mask == logits[..., :50257] + cross-entropy.
     Tolerances: fp32 (TF32 off) 1e-5 on the loss; bf16 autocast 2e-3 on the loss, grads within bf16 rounding."""
     pytest.importorskip("liger_kernel")
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32 here
     ref, fused = gpu_pair(GPT2_VOCAB, fused_ce="liger")
     x, y = gpu_batch(64)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16)
@@ -349,10 +363,10 @@ def overfit_curve(cfg: ModelConfig, steps: int = 30, **float8: object) -> tuple[
 
 @pytest.mark.parametrize(
     "change",
-    [
-        {"float8": "tensorwise"},
-        {"float8": "rowwise"},
-        {"float8": "tensorwise", "float8_lm_head": True},
+    [  # the FP8 GEMMs run emulated on CPU: 63-140 s each on the loaded 2-core box, so slow (make test-all)
+        pytest.param({"float8": "tensorwise"}, marks=pytest.mark.slow),
+        pytest.param({"float8": "rowwise"}, marks=pytest.mark.slow),
+        pytest.param({"float8": "tensorwise", "float8_lm_head": True}, marks=pytest.mark.slow),
         {"residual_dtype": "bf16"},
     ],
     ids=lambda c: "+".join(f"{k}={v}" for k, v in c.items()),

@@ -74,7 +74,13 @@ def test_retention_never_deletes_this_runs_checkpoints_for_newer_foreign_ones(tm
 
 def test_pretrain_rerun_in_the_same_dir_is_refused_resume_is_not(tmp_path: Path) -> None:
     data, run = tmp_path / "data", tmp_path / "R"
-    common = ["experiment=smoke", f"data.out_dir={data}", "optim.warmup_steps=1", "train.val_every=2"]
+    common = [
+        "experiment=smoke",
+        f"data.out_dir={data}",
+        "optim.warmup_steps=1",
+        "optim.warmup_frac=null",
+        "train.val_every=2",
+    ]
     common += ["train.ckpt_every=2", "train.export_hf=false", f"run.dir={run}"]
     assert cli("pretrain", *common, "train.max_steps=4").exit_code == 0
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())

@@ -169,6 +169,7 @@ def test_static_decode_pads_to_a_bucket_and_matches_eager(tmp_path: Path) -> Non
     torch.testing.assert_close(static, eager, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # inductor compile of the prefill: 68 s on the loaded 2-core box
 def test_compiled_prefill_matches_eager_and_compiles_only_at_start(tmp_path: Path) -> None:
     """--compile-prefill: the same steps (1 or 3 prompts, first row 0 or after decode rows, a one-token prompt) give
     the eager engine's logits (fp32, 1e-5), and after ``warm_prefill`` no step compiles another graph."""
@@ -523,6 +524,7 @@ def _complete(url: str, body: dict[str, object]) -> dict[str, object]:
     return r.json()
 
 
+@pytest.mark.slow  # the module's TP=1 + TP=2 servers: 64 s to start on the loaded 2-core box
 def test_tp2_gives_tp1_tokens(servers: dict[int, Launched], tiny_dir: Path) -> None:
     reference = LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(3)
@@ -559,6 +561,7 @@ def test_tp2_gives_tp1_tokens(servers: dict[int, Launched], tiny_dir: Path) -> N
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
+@pytest.mark.slow  # the module's TP=1 + TP=2 servers: 64 s to start on the loaded 2-core box
 def test_streaming_with_the_6b_client(servers: dict[int, Launched], api: str) -> None:
     from phase6.serving.client import run_requests
 
@@ -586,6 +589,7 @@ def test_streaming_with_the_6b_client(servers: dict[int, Launched], api: str) ->
         assert r.ttft_s > 0 and r.e2e_s >= r.ttft_s
 
 
+@pytest.mark.slow  # the module's TP=1 + TP=2 servers: 64 s to start on the loaded 2-core box
 def test_concurrent_requests_all_answered(servers: dict[int, Launched]) -> None:
     url = servers[2].url
     before = httpx.get(url + "/metrics").text
@@ -639,6 +643,7 @@ def test_concurrent_requests_all_answered(servers: dict[int, Launched]) -> None:
         b'{"prompt": ""}',
     ],
 )
+@pytest.mark.slow  # the module's TP=1 + TP=2 servers: 64 s to start on the loaded 2-core box
 def test_malformed_request_gets_400(servers: dict[int, Launched], body: bytes) -> None:
     url = servers[2].url
     r = httpx.post(url + "/v1/completions", content=body, headers={"Content-Type": "application/json"}, timeout=30)
@@ -648,6 +653,7 @@ def test_malformed_request_gets_400(servers: dict[int, Launched], body: bytes) -
     assert _complete(url, {"prompt": "hi", "max_tokens": 2})["usage"]["completion_tokens"] == 2  # type: ignore[index]
 
 
+@pytest.mark.slow  # the module's TP=1 + TP=2 servers: 64 s to start on the loaded 2-core box
 def test_models_and_chat_400(servers: dict[int, Launched], tiny_dir: Path) -> None:
     m = httpx.get(servers[1].url + "/v1/models").json()
     assert m["data"][0]["id"] == str(tiny_dir / "config.json") and m["data"][0]["owned_by"] == "torch-tp"
@@ -655,6 +661,7 @@ def test_models_and_chat_400(servers: dict[int, Launched], tiny_dir: Path) -> No
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
 
 
+@pytest.mark.slow  # the module's TP=1 + TP=2 servers: 64 s to start on the loaded 2-core box
 def test_sigterm_stops_every_rank(servers: dict[int, Launched]) -> None:
     """Last test of the module: it stops the servers it shares with the tests above."""
     for srv in servers.values():

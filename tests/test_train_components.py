@@ -147,7 +147,6 @@ def test_every_shipped_recipe_justifies_the_key_hyperparameters() -> None:
         "optim.beta2",
         "optim.weight_decay",
         "optim.grad_clip",
-        "optim.warmup_steps",
         "optim.schedule",
         "train.global_batch_tokens",
         "train.dtype",
@@ -157,6 +156,7 @@ def test_every_shipped_recipe_justifies_the_key_hyperparameters() -> None:
         cfg: PretrainRunConfig = load_config("pretrain", [f"experiment={exp}"])
         rows = {r["hyperparameter"]: r for r in cfg.hyperparameter_rows()}
         assert must <= set(rows), (exp, must - set(rows))
+        assert {"optim.warmup_steps", "optim.warmup_frac"} & set(rows), exp  # the warmup, in steps or as a fraction
         assert all(len(r["why (source)"]) > 20 for r in rows.values()), exp
     cfg = load_config("pretrain", ["experiment=gpt2_124m_fineweb_edu"])
     rows = {r["hyperparameter"]: r["value"] for r in cfg.hyperparameter_rows()}
@@ -172,7 +172,8 @@ def test_every_shipped_recipe_justifies_the_key_hyperparameters() -> None:
         ("optim.schedule=linear", "optim.schedule"),
         ("parallel.mode=zero3", "parallel.mode"),
         ("predict.scaling_presets=[gpt2_9b]", "predict.scaling_presets"),
-        ("train.max_steps=3", "optim.warmup_steps"),  # the tiny recipe warms up for 20 steps: caught before any work
+        ("optim.warmup_steps=20", "optim.warmup_steps"),  # the tiny recipe's warmup is a fraction: not both
+        ("optim.warmup_frac=-0.1", "optim.warmup_frac"),
     ],
 )
 def test_bad_config_names_the_key(override: str, key: str) -> None:

@@ -128,7 +128,9 @@ def with_optim(cfg: PretrainRunConfig, algorithm: str) -> PretrainRunConfig:
     return cfg
 
 
-@pytest.mark.parametrize("algorithm", ["adamw", "muon"])  # muon: Muon's momentum buffers + AdamW's moments
+@pytest.mark.parametrize(  # muon: Muon's momentum buffers + AdamW's moments (30 s on the loaded box: slow)
+    "algorithm", ["adamw", pytest.param("muon", marks=pytest.mark.slow)]
+)
 def test_exact_resume(tmp_path: Path, data_dir: str, algorithm: str) -> None:
     full = tmp_path / "full"
     TRAIN(with_optim(make_cfg(full, data_dir), algorithm))  # uninterrupted 8 steps; checkpoint at 4 written mid-run
@@ -141,6 +143,7 @@ def test_exact_resume(tmp_path: Path, data_dir: str, algorithm: str) -> None:
     assert [got[s] for s in range(5, 9)] == [ref[s] for s in range(5, 9)]  # bit-identical, not just close
 
 
+@pytest.mark.slow  # 42 s on the loaded 2-core box
 def test_resume_auto_continues_in_the_same_run_dir(tmp_path: Path, data_dir: str) -> None:
     run = tmp_path / "run"
     TRAIN(make_cfg(run, data_dir, dry_run_steps=4))  # "killed" after step 4 (its checkpoint)
@@ -174,6 +177,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(
     assert max(losses(run)) == 5  # nothing logged for the diverged step
 
 
+@pytest.mark.slow  # 150 steps: 221 s on the loaded 2-core box
 def test_overfit_one_batch(tmp_path: Path, data_dir: str) -> None:
     cfg = make_cfg(tmp_path / "run", data_dir, sanity="overfit_batch", max_steps=150, val_every=0, ckpt_every=0)
     cfg.optim = OptimConfig(lr=1e-2, warmup_steps=10, grad_clip=1.0, weight_decay=0.0)
@@ -207,6 +211,7 @@ def torchrun(run_dir: Path, data_dir: str, mode: str, *extra: str) -> subprocess
         "model.block_size=32",
         "optim.lr=3e-3",
         "optim.warmup_steps=2",
+        "optim.warmup_frac=null",
         "train.micro_batch_size=2",
         "train.seq_len=32",
         "train.global_batch_tokens=256",
@@ -242,6 +247,7 @@ def one_process(tmp_path_factory: pytest.TempPathFactory, data_dir: str) -> dict
     return losses(run)
 
 
+@pytest.mark.slow  # torchrun, 2 processes: 34-37 s each on the loaded 2-core box
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_two_process_gloo_matches_one_process(tmp_path: Path, data_dir: str, one_process: dict, mode: str) -> None:
     run = tmp_path / mode
@@ -255,6 +261,7 @@ def test_two_process_gloo_matches_one_process(tmp_path: Path, data_dir: str, one
     assert ckpt["world_size"] == 2 and ckpt["model"]["transformer.wte.weight"].shape == (320, 32)  # full, unsharded
 
 
+@pytest.mark.slow  # torchrun, 2 processes: 44 s on the loaded 2-core box
 def test_two_process_gloo_ddp_with_muon_matches_one_process(tmp_path: Path, data_dir: str) -> None:
     """Muon under DDP: every rank orthogonalizes the same all-reduced gradients, so the ranks stay identical and
     match one process (Newton-Schulz runs in bf16, hence the looser tolerance)."""

@@ -133,13 +133,13 @@ def test_full_vocab_tokenizer() -> None:
 
 
 def test_uncalibrated_prediction_equals_the_later_comparison(tmp_path: Path) -> None:
-    """scripts/fleet_predict.py ``none`` (an engine with no C=1 run yet, issue 19's blind vLLM prediction) prints the
+    """scripts/repro/fleet_predict.py ``none`` (an engine with no C=1 run yet, issue 19's blind vLLM prediction) prints the
     ``_sim`` columns that the uncalibrated vllm-profile compare prints once the runs are measured."""
     from test_fleet_compare import planted_sweep
 
     from phase6.fleet.compare import compare_serve_bench, load_serve_bench, planned_run
 
-    predict = runpy.run_path(str(SCRIPTS / "fleet_predict.py"))["predict_uncalibrated"]
+    predict = runpy.run_path(str(SCRIPTS / "repro" / "fleet_predict.py"))["predict_uncalibrated"]
     sweep, cfg, setup, _ = planted_sweep(tmp_path, profile={})
     runs, _ = load_serve_bench(sweep)
     serve = runs[0].config["serve"]

@@ -448,8 +448,8 @@ def train(cfg: PretrainRunConfig, info: DistInfo) -> dict[str, Any]:
         "optimizer": "Muon (hidden matrices) + AdamW" if cfg.optim.algorithm == "muon" else "AdamW",
         "peak lr": cfg.optim.lr,
         **({"peak lr Muon": cfg.optim.muon_lr} if cfg.optim.algorithm == "muon" else {}),
-        "warmup": cfg.optim.warmup_steps,
-        "warmdown": cfg.optim.warmdown_steps,
+        "warmup": cfg.optim.num_warmup_steps(tc.max_steps),
+        "warmdown": cfg.optim.num_warmdown_steps(tc.max_steps),
         "final lr": cfg.optim.lr * cfg.optim.min_lr_ratio,
         "precision": ("bf16 autocast, fp32 master" if use_bf16 else "fp32")
         + (f", {cfg.model.float8} fp8 block GEMMs" if cfg.model.float8 != "none" else "")

@@ -37,7 +37,7 @@ Parts (``--part``, comma-separated):
   sync (mechanism, tensors, bytes, ms) and the lag-0 rollout/training log-prob mismatch, then one row per step.
   ``--step-engine hf`` (default): HF engine (``--step-decode``); ``--step-engine vllm``: the colocated vLLM engine
   from ``phase6.rollout.vllm.build_vllm_engine``, the builder ``phase6 grpo engine=vllm`` uses (needs vllm, trl and
-  datasets importable; on the lent H200: scripts/vllm_h200_run.sh step_hf / step_vllm).
+  datasets importable; on the lent H200: scripts/repro/vllm_h200_run.sh step_hf / step_vllm).
   Step levers (issue 31), on by default: ``--mismatch-every 10``, ``--length-buckets on``,
   ``--gradient-checkpointing off``, ``--liger on`` (Liger RMSNorm + SwiGLU on policy and reference, checked against
   float32 on the device first: ``liger_parity``). ``--step-trainer stock``: TRL 1.16's own GRPOTrainer (HF

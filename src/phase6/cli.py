@@ -23,6 +23,8 @@ app = typer.Typer(
     help="phase6: pretraining, serving, DPO and GRPO pipelines with predicted-vs-measured reports.",
 )
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
+NOTES: list[str] = []
+"""One-line notes (an old flag spelling) printed after the command succeeds."""
 MULTIRUN = typer.Option(False, "-m", "--multirun", help="Run a Hydra sweep over comma-separated override values.")
 
 
@@ -41,7 +43,38 @@ def one_line_errors() -> Iterator[None]:
     try:
         yield
     except ValueError as e:
+        NOTES.clear()  # a bad input stays one line
         fail(str(e))
+    for note in NOTES:
+        typer.echo(note, err=True)
+    NOTES.clear()
+
+
+def flag_args(tool: str, argv: list[str], run_dir_flag: str | None = None) -> list[str]:
+    """Hydra-style arguments for the subcommands whose parser is argparse (plan validate/calibrate, the benches):
+    ``key=value`` is ``--key=value`` (underscores as dashes; ``key=true`` a bare switch, ``key=false`` dropped) and
+    ``run.dir=X`` is ``run_dir_flag`` formatted with X. The ``--flag`` spellings keep working, with a one-line note
+    (printed by ``one_line_errors`` once the command succeeded, so a bad input stays one line)."""
+    out: list[str] = []
+    old = [a.split("=")[0] for a in argv if a.startswith("--") and a not in ("--help",)]
+    for a in argv:
+        key, eq, value = a.partition("=")
+        if a.startswith("-") or not eq or "/" in key:  # a flag, a positional, or a path that holds '='
+            out.append(a)
+        elif key == "run.dir":
+            if run_dir_flag is None:
+                raise ValueError(f"run.dir: {tool} writes no run directory (README: the subcommands without one)")
+            out.append(run_dir_flag.format(value))
+        elif value.lower() == "true":
+            out.append(f"--{key.replace('_', '-')}")
+        elif value.lower() != "false":
+            out.append(f"--{key.replace('_', '-')}={value}")
+    if old:
+        NOTES.append(
+            f"phase6: note: {tool} takes key=value like every subcommand ({old[0]} X is {old[0][2:].replace('-', '_')}"
+            f"=X{', --out X is run.dir=X' if run_dir_flag and '--out' in old else ''}); the --flag spelling still works"
+        )
+    return out
 
 
 def run(job: str, overrides: list[str], multirun: bool = False) -> None:
@@ -156,13 +189,13 @@ def plan(
         from phase6.plan.calibrate import cli_main
 
         with one_line_errors():
-            cli_main(ctx.args[1:])
+            cli_main(flag_args("plan calibrate", ctx.args[1:], "--out={}/profile.json"))
         return
     if ctx.args[:1] == ["validate"]:
         from phase6.plan.validate import cli_main as validate_main
 
         with one_line_errors():
-            validate_main(ctx.args[1:] + (["--json"] if json_out else []))
+            validate_main(flag_args("plan validate", ctx.args[1:], "--out={}") + (["--json"] if json_out else []))
         return
     from phase6.plan.model import list_presets
 
@@ -200,7 +233,7 @@ def fleet_bench(ctx: typer.Context) -> None:
     from phase6.fleet.bench import main as bench_main
 
     with one_line_errors():
-        bench_main(ctx.args)
+        bench_main(flag_args("fleet-bench", ctx.args))
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print a table (timing goals live here).")
@@ -213,7 +246,7 @@ def bench_pretrain(ctx: typer.Context) -> None:
     from phase6.bench.pretrain import main as bench_main
 
     with one_line_errors():
-        bench_main(ctx.args)
+        bench_main(flag_args("bench pretrain", ctx.args))
 
 
 @bench_app.command("loss-parity", context_settings=OVERRIDES, add_help_option=False)
@@ -222,7 +255,7 @@ def bench_loss_parity(ctx: typer.Context) -> None:
     from phase6.bench.loss_parity import main as parity_main
 
     with one_line_errors():
-        parity_main(ctx.args)
+        parity_main(flag_args("bench loss-parity", ctx.args))
 
 
 @app.command("config", context_settings=OVERRIDES)

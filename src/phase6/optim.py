@@ -124,7 +124,8 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
 def lr_factor(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     """Multiplier of cfg.lr as a function of the number of optimizer steps already taken (0-based)."""
     floor = cfg.min_lr_ratio
-    warmup = cfg.warmup_steps
+    warmup = cfg.num_warmup_steps(max_steps)
+    warmdown_steps = cfg.num_warmdown_steps(max_steps)
 
     def cosine(step: int) -> float:
         if step < warmup:
@@ -135,10 +136,10 @@ def lr_factor(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     def warmdown(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        start = max_steps - cfg.warmdown_steps
+        start = max_steps - warmdown_steps
         if step < start:
             return 1.0
-        progress = min(1.0, (step - start + 1) / max(1, cfg.warmdown_steps))
+        progress = min(1.0, (step - start + 1) / max(1, warmdown_steps))
         return 1.0 - (1.0 - floor) * progress
 
     return cosine if cfg.schedule == "cosine" else warmdown

@@ -55,7 +55,7 @@ class EfficiencyConfig:
     """Serving: extra fixed time of a step that prefills (on top of step_overhead_ms), ms: work per prefill step
     that does not scale with its tokens (eager launches where decode replays CUDA graphs, input building, first-token
     sampling/streaming). torch-tp on one H200: prefill steps ~110 ms + ~53 ms per 1000 padded tokens
-    (scripts/prefill_steps.py). Fit from the TTFT-vs-prompt-length line of a concurrency-1 run."""
+    (scripts/repro/prefill_steps.py). Fit from the TTFT-vs-prompt-length line of a concurrency-1 run."""
 
     def __post_init__(self) -> None:
         if self.mfu is not None:

@@ -236,10 +236,18 @@ class OptimConfig:
     """Global grad-norm clip; 0 disables."""
     schedule: str = "cosine"
     """'cosine': linear warmup then cosine to min_lr; 'warmdown': warmup, constant, then linear decay."""
-    warmup_steps: int = 10
-    """Linear warmup steps from ~0 to lr."""
-    warmdown_steps: int = 0
-    """Steps of linear decay at the end (schedule='warmdown' only)."""
+    warmup_steps: int | None = 10
+    """Linear warmup steps from ~0 to lr, as an absolute count (for a recipe defined in steps); null when
+    warmup_frac sets it. Exactly one of the two is set."""
+    warmup_frac: float | None = None
+    """Linear warmup as a fraction of train.max_steps (round(frac * max_steps) steps), so a preset fits any run
+    length (modded-nanogpt's cooldown_frac); null when warmup_steps sets it."""
+    warmdown_steps: int | None = 0
+    """Steps of linear decay at the end (schedule='warmdown' only), as an absolute count; null when warmdown_frac
+    sets it. Exactly one of the two is set."""
+    warmdown_frac: float | None = None
+    """Linear decay at the end as a fraction of train.max_steps (schedule='warmdown' only); null when
+    warmdown_steps sets it."""
     fused: bool = True
     """Fused CUDA AdamW kernel (ignored on CPU, where the foreach path is used)."""
     muon_lr: float = 0.02
@@ -275,26 +283,49 @@ class OptimConfig:
         require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         for key in ("beta1", "beta2"):
             require(0.0 <= getattr(self, key) < 1.0, f"optim.{key}", f"must be in [0, 1), got {getattr(self, key)}")
-        for key in ("weight_decay", "grad_clip", "warmup_steps", "warmdown_steps"):
+        for key in ("weight_decay", "grad_clip"):
             require(getattr(self, key) >= 0, f"optim.{key}", f"must be >= 0, got {getattr(self, key)}")
+        for phase in ("warmup", "warmdown"):
+            steps, frac = getattr(self, f"{phase}_steps"), getattr(self, f"{phase}_frac")
+            require(
+                (steps is None) != (frac is None),
+                f"optim.{phase}_steps",
+                f"set {phase}_steps (absolute) or {phase}_frac (of train.max_steps), exactly one; "
+                f"got {phase}_steps={steps}, {phase}_frac={frac} (null the other)",
+            )
+            require(steps is None or steps >= 0, f"optim.{phase}_steps", f"must be >= 0, got {steps}")
+            require(frac is None or 0.0 <= frac <= 1.0, f"optim.{phase}_frac", f"must be in [0, 1], got {frac}")
         require(
-            self.schedule == "warmdown" or self.warmdown_steps == 0,
-            "optim.warmdown_steps",
-            "is only used with optim.schedule=warmdown; set it to 0",
+            (self.warmup_frac or 0.0) + (self.warmdown_frac or 0.0) <= 1.0,
+            "optim.warmdown_frac",
+            f"warmup_frac + warmdown_frac ({self.warmup_frac} + {self.warmdown_frac}) exceeds 1",
         )
+        require(
+            self.schedule == "warmdown" or not (self.warmdown_steps or self.warmdown_frac),
+            "optim.warmdown_steps",
+            "warmdown is only used with optim.schedule=warmdown; set warmdown_steps=0 (warmdown_frac=null)",
+        )
+
+    def num_warmup_steps(self, max_steps: int) -> int:
+        """Warmup length in optimizer steps for a run of max_steps."""
+        return self.warmup_steps if self.warmup_steps is not None else round((self.warmup_frac or 0.0) * max_steps)
+
+    def num_warmdown_steps(self, max_steps: int) -> int:
+        """Warmdown length in optimizer steps for a run of max_steps."""
+        if self.warmdown_steps is not None:
+            return self.warmdown_steps
+        return round((self.warmdown_frac or 0.0) * max_steps)
 
 
 def check_schedule(optim: OptimConfig, max_steps: int) -> None:
-    """The LR schedule must fit in the run: warmup (+ warmdown) <= train.max_steps."""
+    """The LR schedule must fit in the run: warmup (+ warmdown) <= train.max_steps. Fractions always fit (their sum
+    is <= 1); an absolute count set by a recipe for a longer run does not fit a shorter one."""
+    warmup, warmdown = optim.num_warmup_steps(max_steps), optim.num_warmdown_steps(max_steps)
+    require(warmup <= max_steps, "optim.warmup_steps", f"({warmup}) exceeds train.max_steps ({max_steps})")
     require(
-        optim.warmup_steps <= max_steps,
-        "optim.warmup_steps",
-        f"({optim.warmup_steps}) exceeds train.max_steps ({max_steps})",
-    )
-    require(
-        optim.warmup_steps + optim.warmdown_steps <= max_steps,
+        warmup + warmdown <= max_steps,
         "optim.warmdown_steps",
-        f"warmup + warmdown ({optim.warmup_steps} + {optim.warmdown_steps}) exceeds train.max_steps ({max_steps})",
+        f"warmup + warmdown ({warmup} + {warmdown}) exceeds train.max_steps ({max_steps})",
     )
 
 

@@ -20,7 +20,7 @@ the per-token gaps (``phase6.fleet.tokens``) report and the TBT SLO scores.
 ``engine.mixed_step=overlap`` (the default) keeps the planner's max: measured on vLLM 0.26 (H200, Qwen2.5-14B), whose
 mixed batch runs its attention as one FlashAttention varlen kernel, isolated mixed steps at 64 decode rows match the
 max to 0.0 % and sit 2.2 ms (5 standard errors) under the serial sum (docs/fleet.md "Mixed steps on vLLM",
-``scripts/fleet_vllm_steps.py``). ``serial`` is for engines that run the decode rows' attention as kernels of their
+``scripts/repro/fleet_vllm_steps.py``). ``serial`` is for engines that run the decode rows' attention as kernels of their
 own.
 
 Per-sequence decode cost (``engine.decode_seq_ms``, issue 23): every step also costs ``decode_seq_ms`` per decode row

@@ -1,16 +1,18 @@
 """Simulated side of the torch-tp compare cells with and without the per-row decode cost (engine.decode_seq_ms),
-for when the measured run dirs are not at hand: the requests are rebuilt exactly (scripts/fleet_predict.py's
+for when the measured run dirs are not at hand: the requests are rebuilt exactly (scripts/repro/fleet_predict.py's
 rebuild with serve-bench's workload code; checked against the real C=1 run in tests/data), the calibration is
 the one recorded in docs/benchmarks.md for each engine (the compare's own C=1 fit where its requests are here).
 
     python scripts/make_dummy_model.py qwen2.5-14b outputs/models/qwen2.5-14b
-    python scripts/fleet_decode_rows.py outputs/models/qwen2.5-14b 0.06
+    python scripts/repro/fleet_decode_rows.py outputs/models/qwen2.5-14b 0.06
 
 Prints TTFT / TPOT p50 per cell for decode_seq_ms = 0 and the given value. Eager-prefill engine (2026-11-29):
 TP=1 C=16/32/40, calibrated on tests/data's C=1 run + the recorded 50.7 ms new-shape cost. Compiled-prefill engine
 (2026-11-30): TP=1 and TP=2 at C=1/16/64 as one sweep per server (+ C=64 on a fresh server), recorded fits
 (step overhead, prefill overhead, prefill MFU, new-shape cost); the step overhead is lowered by one row's cost so
 the C=1 TPOT stays what was fitted (the compare's C=1 refit does the same).
+
+Reproduces: docs/benchmarks.md § Per-row decode cost
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import phase6.fleet.compare as cmp  # noqa: E402
 from phase6.fleet.run import build_setup  # noqa: E402
 from phase6.launch import load_config  # noqa: E402
 
-REAL = Path(__file__).parent.parent / "tests" / "data" / "serve_bench_sweep_h200"
+REAL = Path(__file__).resolve().parents[2] / "tests" / "data" / "serve_bench_sweep_h200"
 COMPILED_FITS = {1: (4.46, 24.7, 1.0, 48.1), 2: (4.95, 86.6, 0.742, 84.7)}
 """docs/benchmarks.md "Validation on the compiled-prefill engine": step overhead ms, prefill overhead ms, prefill MFU,
 new-shape cost ms per TP."""

@@ -1,6 +1,6 @@
 """Measured vs simulated engine steps, by step type, for the runs of a serve-bench sweep (torch-tp profile).
 
-    python scripts/fleet_step_diag.py outputs/gpu/tp2 outputs/gpu/blind4_tp2 --model outputs/models/qwen2.5-14b \\
+    python scripts/repro/fleet_step_diag.py outputs/gpu/tp2 outputs/gpu/blind4_tp2 --model outputs/models/qwen2.5-14b \\
         --hardware h200
 
 Runs ``phase6 fleet experiment=compare`` on each sweep (same calibration, same replays) with a hook on the
@@ -9,6 +9,8 @@ replica's step ends, and sets the simulated steps of each run's final replay nex
 one prompt + decode (at a new / seen padded width); 2 prompts; 3+ prompts; prefill with no decode rows. Per type:
 step count, p50 / mean duration, total time (the run's share of time), mean decode rows, mean padded tokens.
 Simulated decode-only runs of k steps (the event-saving macro step) count as k steps of (run time / k).
+
+Reproduces: docs/benchmarks.md § C=64 diagnosis: per-step comparison
 """
 
 from __future__ import annotations

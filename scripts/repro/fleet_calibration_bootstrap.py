@@ -1,6 +1,6 @@
 """How much of a sim-vs-measured error is the C=1 calibration's sample: refit on bootstrap resamples of it.
 
-    python scripts/fleet_calibration_bootstrap.py outputs/gpu/tp1 --model outputs/models/qwen2.5-14b --hardware h200
+    python scripts/repro/fleet_calibration_bootstrap.py outputs/gpu/tp1 --model outputs/models/qwen2.5-14b --hardware h200
 
 `phase6 fleet experiment=compare` fits the step overhead, prefill MFU and prefill overhead on each TP's C=1 run
 (phase6.fleet.compare.calibrate) from a few dozen requests, then predicts the higher concurrencies. This refits on
@@ -8,6 +8,9 @@
 step overhead is fitted to the resample's TPOT p50) and re-predicts every other run of the same TP, printing the 5/50/95th percentiles of the
 fitted parameters and of each prediction's TTFT/TPOT p50 error. A cell whose interval straddles +-20 % is not
 decided by the data at hand. Seeded (``--seed``); seconds per resample on a CPU.
+
+Reproduces: docs/benchmarks.md § Fleet simulated vs measured: 6B torch-tp runs on one H200
+Reproduces: docs/benchmarks.md § Fleet simulator vs the measured vLLM rows, per-profile engine costs
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """How fast serve-bench turns a request trace into prompts: a 12k-row Mooncake conversation-sized trace.
 
-    python scripts/bench_trace_load.py                       # GPT-2 BPE from ../shared/data, synthetic trace tiled
-    python scripts/bench_trace_load.py --trace my.jsonl --rows 12031 --slow-rows 40
+    python scripts/repro/bench_trace_load.py                       # GPT-2 BPE from ../shared/data, synthetic trace tiled
+    python scripts/repro/bench_trace_load.py --trace my.jsonl --rows 12031 --slow-rows 40
 
 Builds the trace by tiling ../shared/data/mooncake-traces/synthetic_trace.jsonl (3,993 rows, mean input 15.3k tokens,
 larger than the conversation trace's 12.0k, so the timing is conservative) to --rows rows with fresh hash ids per
 tile, then times serving.workload.load_mooncake (quick path: prompts joined from cached per-token strings) and the
 tokenizer path (decode + re-encode per row) on --slow-rows rows, extrapolated. Prints one table.
+
+Reproduces: docs/benchmarks.md § serve-bench trace loading
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from phase6.serving import workload
 from phase6.serving.traces import iter_mooncake
 from phase6.timing import cpu, wall
 
-SHARED = Path(os.environ.get("PHASE6_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED = Path(os.environ.get("PHASE6_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 
 def gpt2_tokenizer(folder: Path):

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Issue 19 on the lent H200: every measurement of one device call, run from the carried folder.
+# Reproduces: docs/benchmarks.md § vLLM on the lent H200 (issue 19)
 #
-#   bash scripts/vllm_h200_run.sh tp      CARRY   # call 1: stage piece 00; torch-tp rows; 6D hf_loop + naive rows
-#   bash scripts/vllm_h200_run.sh serve   CARRY   # call 2: piece 01 -> vLLM in /tmp/site; vLLM server: phase6
+#   bash scripts/repro/vllm_h200_run.sh tp      CARRY   # call 1: stage piece 00; torch-tp rows; 6D hf_loop + naive rows
+#   bash scripts/repro/vllm_h200_run.sh serve   CARRY   # call 2: piece 01 -> vLLM in /tmp/site; vLLM server: phase6
 #                                                 #         serve-bench C=1/16/64, then `vllm bench serve` C=1/16/64
-#   bash scripts/vllm_h200_run.sh rollout CARRY   # call 3: 6D vLLM LLM.generate row (no carry; /tmp from call 2)
+#   bash scripts/repro/vllm_h200_run.sh rollout CARRY   # call 3: 6D vLLM LLM.generate row (no carry; /tmp from call 2)
 #
 # The 6D GRPO step (second session, same recipe; setup.tar.xz also holds stepwhl/: trl 1.16.0, datasets 5.2.0, dill,
 # multiprocess, which the image lacks):
-#   bash scripts/vllm_h200_run.sh step_hf   CARRY # call 1: stage piece 00; GRPO step, HF engine (decode loop)
-#   bash scripts/vllm_h200_run.sh step_vllm CARRY # call 2: piece 01 -> vLLM; GRPO step, colocated vLLM engine
-#   bash scripts/vllm_h200_run.sh ttft      CARRY # call 3: one vLLM server, phase6's client and `vllm bench serve`
+#   bash scripts/repro/vllm_h200_run.sh step_hf   CARRY # call 1: stage piece 00; GRPO step, HF engine (decode loop)
+#   bash scripts/repro/vllm_h200_run.sh step_vllm CARRY # call 2: piece 01 -> vLLM; GRPO step, colocated vLLM engine
+#   bash scripts/repro/vllm_h200_run.sh ttft      CARRY # call 3: one vLLM server, phase6's client and `vllm bench serve`
 #                                                 #         alternating at C=1, /metrics scraped around each run
 #
 # CARRY (a folder under the repo, named in the call's `carry`) holds the vLLM pieces + manifest.json

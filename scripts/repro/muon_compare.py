@@ -1,6 +1,6 @@
 """Muon vs AdamW at equal tokens: val-loss curves of `phase6 pretrain` runs, paired by seed -> table + plot.
 
-    python scripts/muon_compare.py outputs/pretrain/<sweep>/* --out compare.json --plot docs/muon_vs_adamw.png
+    python scripts/repro/muon_compare.py outputs/pretrain/<sweep>/* --out compare.json --plot docs/muon_vs_adamw.png
 
 Each run directory gives its recipe (optim.algorithm in config.yaml), seed (run.seed), val/loss against
 data/tokens_seen (metrics.jsonl) and its measured tokens/s (results.json). Reported, over the seeds that both
@@ -8,6 +8,8 @@ recipes ran:
 - tokens Muon needs to reach AdamW's final val loss (linear interpolation between Muon's val points), as a
   fraction of AdamW's token budget, per seed;
 - the val-loss gap Muon - AdamW at every val point (equal tokens), mean and standard deviation over the seeds.
+
+Reproduces: docs/benchmarks.md § 6A Muon vs AdamW
 """
 
 from __future__ import annotations

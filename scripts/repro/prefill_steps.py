@@ -1,6 +1,6 @@
 """Prefill steps of a measured serve-bench run, recovered from its per-request chunk times (requests.jsonl).
 
-    python scripts/prefill_steps.py outputs/gpu/tp1/1 outputs/gpu/tp1/2
+    python scripts/repro/prefill_steps.py outputs/gpu/tp1/1 outputs/gpu/tp1/2
 
 For engines that emit every token of a step at once (phase6's torch-tp server: one prefill of the admitted prompts
 plus one decode token per running request per step), the first tokens that reach the client within 2 ms of each
@@ -9,6 +9,8 @@ ends at the same moment) is the step's duration. Prints, per number of prompts i
 their median duration and mean prompt tokens; a least-squares line step_ms = a + b * padded tokens (torch-tp pads the
 prompts of a step to the longest); and, for every run, TTFT vs prompt tokens (a line through the requests, top 5 %
 TTFT left out). Timestamps are the client's, so each duration carries the HTTP/stream delivery jitter (< 1 ms here).
+
+Reproduces: docs/benchmarks.md § Engine mechanics: the torch-tp profile
 """
 
 from __future__ import annotations

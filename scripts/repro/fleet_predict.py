@@ -1,6 +1,6 @@
 """Simulator predictions for serve-bench runs not measured yet (blind tests of `phase6 fleet experiment=compare`).
 
-    python scripts/fleet_predict.py outputs/gpu/tp1 --model outputs/models/qwen2.5-14b --hardware h200 -- \\
+    python scripts/repro/fleet_predict.py outputs/gpu/tp1 --model outputs/models/qwen2.5-14b --hardware h200 -- \\
         experiment=gpu_h200_tp serve.tp=1 load.concurrency=32,48
 
 The arguments after ``--`` are the serve-bench overrides of the planned run (a sweep: every member is predicted).
@@ -17,11 +17,16 @@ calibration run's own requests and asserts they equal its requests.jsonl (prompt
 Both engine profiles are printed (auto = the measured engine's own mechanics, the compare's default; vllm = the
 generic chunked-prefill replica).
 
-    python scripts/fleet_predict.py none --template-tokens 11 --model M --hardware h200 -- experiment=gpu_h200_vllm ...
+    python scripts/repro/fleet_predict.py none --template-tokens 11 --model M --hardware h200 -- experiment=gpu_h200_vllm ...
 
 ``none``: an engine never measured yet (no concurrency-1 run to calibrate on): the planner's own efficiencies
 (configs/fleet.yaml ``engine.*``: prefill MFU 0.5, decode HBM efficiency 0.7, no step or prefill overhead) on the
 vllm profile; ``--template-tokens`` = the tokens the server's chat template adds to each prompt.
+
+Reproduces: docs/benchmarks.md § Blind test 2: predictions written before the run
+Reproduces: docs/benchmarks.md § Blind test 3: prediction
+Reproduces: docs/benchmarks.md § Blind test 4: prediction
+Reproduces: docs/benchmarks.md § Fleet simulator: vLLM rows predicted before they were measured
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""C=1 TTFT: phase6's client and `vllm bench serve` alternating on ONE vLLM server (scripts/vllm_h200_run.sh ttft).
+"""C=1 TTFT: phase6's client and `vllm bench serve` alternating on ONE vLLM server (scripts/repro/vllm_h200_run.sh ttft).
 
-    python scripts/vllm_ttft_one_server.py RUNS_DIR [--json OUT.json]
+    python scripts/repro/vllm_ttft_one_server.py RUNS_DIR [--json OUT.json]
 
 RUNS_DIR is the unpacked ``ttft/`` folder of that call: phase6 run dirs (``requests.jsonl``), ``vllm bench serve``
 results (``--save-detailed``: per-request ``ttfts``) and the server's ``/metrics`` scraped before and after each run
@@ -8,6 +8,8 @@ results (``--save-detailed``: per-request ``ttfts``) and the server's ``/metrics
 mean over the same window (``vllm:time_to_first_token_seconds``; its count includes the run's one warm-up request),
 the client's excess over it, and the server's prefill/queue means; then every run paired request by request with the
 first ``vllm bench`` run (same request list, same order).
+
+Reproduces: docs/benchmarks.md § 6B: the C=1 TTFT offset
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """What the pre-flight shard check costs: sha256 of every shard (manifest.json) before step 1.
 
-    python scripts/bench_shard_verify.py --shards 4 --tokens 100000000 --workers 1,2
+    python scripts/repro/bench_shard_verify.py --shards 4 --tokens 100000000 --workers 1,2
 
 Writes --shards llm.c shards of --tokens random uint16 tokens each (1e8 = the FineWeb-Edu layout, 200 MB a shard)
 into a temporary directory, then times phase6.data.shards.verify_shards with each thread count (files in the page
 cache: the hashing bound; a cold read adds the disk's read time, stated beside the extrapolation). Prints one table
 with the extrapolation to 10B tokens (20 GB, 100 shards): seconds = 20 GB / min(workers x per-thread rate, disk).
+
+Reproduces: docs/benchmarks.md § Pre-flight shard integrity
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a measured vLLM serve-bench sweep says about the fleet simulator's vllm profile, step by step.
 
-    python scripts/fleet_vllm_steps.py <vLLM sweep dir> <model dir or config.json> [hardware]
+    python scripts/repro/fleet_vllm_steps.py <vLLM sweep dir> <model dir or config.json> [hardware]
 
 vLLM streams every running request's token at the end of each engine step, so the client's chunk times cluster by
 step (within 2 ms), as on phase6's torch-tp server: ``phase6.fleet.steps.run_steps`` recovers the steps (duration,
@@ -16,6 +16,8 @@ prompts finished, decode rows and their context). Three checks, each against the
    overlap, at the prefill MFU of the C=1 fit;
 3. the calibrated replay of every run (as ``phase6 fleet experiment=compare`` does) with serial and with overlap
    mixed steps: TPOT p50 and the per-token gap (ITL) percentiles beside the measured ones.
+
+Reproduces: docs/benchmarks.md § Fleet simulator vs the measured vLLM rows, per-profile engine costs
 """
 
 from __future__ import annotations
