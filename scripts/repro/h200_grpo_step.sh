@@ -7,11 +7,18 @@
 #
 # Order: after (new defaults, 3 steps), TRL stock (1 step), before (2 steps), after + shared prompt (2 steps), then
 # --liger off and --gradient-checkpointing on (2 steps each) while the budget lasts (~400 s for the first four).
-# CARRY_DIR holds whl/ (trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19, liger-kernel 0.8.5; the image
-# has torch 2.11, transformers 5.17, accelerate, pyarrow, pandas, xxhash, triton 3.6) and before.tar.xz (git archive
-# of 3348fbd). Every part runs under its own `timeout`, capped by what is left of BUDGET_S (default 405 s; with the
-# 5 s kill grace and the summary the script stays under 420 s), so the
-# whole script ends inside it even if a part hangs. Writes 2 files to $OUT: grpo_step.tar.xz (every part's JSON and
+# CARRY_DIR holds whl/ (trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19, liger-kernel 0.8.5, and the
+# Hydra that phase6 imports: hydra-core 1.3.2, omegaconf 2.3.0, antlr4-python3-runtime 4.9.3, the wheels of
+# .device/vllm/whl; the image has torch 2.11, transformers 5.17, accelerate, pyarrow, pandas, xxhash, PyYAML,
+# triton 3.6) and before.tar.xz (git archive of 3348fbd). Recipe for whl/ (here, no device time):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d CARRY_DIR/whl trl==1.16.0 datasets==5.2.0 \
+#     dill==0.4.1 multiprocess==0.70.19 liger-kernel==0.8.5 hydra-core==1.3.2 omegaconf==2.3.0 \
+#     antlr4-python3-runtime==4.9.3
+# (the 2026-12-02 call's first attempt stopped at `No module named 'omegaconf'`: the carry then lacked the three
+# Hydra wheels and relied on the vLLM carry's; the script now checks every import it needs before the first part).
+# Every part runs under its own `timeout`, capped by what is left of BUDGET_S (default 405 s; with the 5 s kill grace
+# and the summary the script stays under 420 s), so the whole script ends inside it even if a part hangs. Writes 2 files to $OUT: grpo_step.tar.xz (every part's JSON and
 # log) and grpo_step_summary.md; prints the summary table last.
 set -u
 CARRY=$(cd "${1:?usage: h200_grpo_step.sh CARRY_DIR}" && pwd)
@@ -25,6 +32,9 @@ rm -rf "$WORK" && mkdir -p "$WORK/json" "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/i31_site \
     "$CARRY"/whl/*.whl || { echo "wheel install failed"; exit 2; }
 export PYTHONPATH=/tmp/i31_site
+# every import the parts need, before any device time goes to a part that would fail at once
+python3 -c "import trl, datasets, liger_kernel, hydra, omegaconf, antlr4" ||
+    { echo "missing a wheel in $CARRY/whl (see the header's list)"; exit 2; }
 mkdir -p /tmp/i31_before && tar -xJf "$CARRY/before.tar.xz" -C /tmp/i31_before || { echo "before.tar.xz"; exit 2; }
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 export PYTHONUNBUFFERED=1 TRL_EXPERIMENTAL_SILENCE=1

@@ -216,8 +216,9 @@ class GrpoTrainConfig:
     is_clip: float = 2.0
     """Truncation C of the IS weight min(pi/mu, C) (TRL's vLLM IS correction uses 3.0, verl 2.0)."""
     gradient_checkpointing: bool = True
-    """Recompute activations in the backward pass (memory for speed). Off is ~25 % faster in the policy update and
-    fits a 1.5B policy at 64 x 8 x 512 on one H200 (docs/benchmarks.md, issue 31); keep it on for 7B on one GPU."""
+    """Recompute activations in the backward pass (memory for speed). Off (with liger and length_buckets) took the
+    policy update from 10.85 to 8.76 s and peak memory from 30.1 to 52.0 GiB at 64 x 8 x 512 on one H200
+    (docs/benchmarks.md, issue 31; not measured alone); keep it on for 7B on one GPU."""
     mismatch_every: int = 10
     """Run the current-policy no-grad forward for the lag-0 rollout/training mismatch metric every N steps (1: every
     step, 0: never). Staleness > 0, IS correction, or behaviour log-probs the engine could not give run it anyway."""
@@ -227,10 +228,12 @@ class GrpoTrainConfig:
     shared_prompt: bool = False
     """Every log-prob pass runs each distinct prompt through the backbone once and shares its KV cache with the
     group's completions (needs length_buckets; one process; not under gradient checkpointing). Same log-probs and
-    gradient within float noise (tests/test_grpo_levers.py); the prompt tokens' FLOPs drop by num_generations."""
+    gradient within float noise (tests/test_grpo_levers.py); the prompt tokens' FLOPs drop by num_generations.
+    Not recommended: measured slower on one H200, 25.24 vs 18.72 s per step (docs/benchmarks.md, issue 31)."""
     liger: bool = False
     """Liger-Kernel's fused RMSNorm + SwiGLU on the policy and reference (CUDA + the liger-kernel package; the rollout
-    engine is left alone). Recommended on GPU (docs/benchmarks.md, issue 31)."""
+    engine is left alone). Part of the measured-fastest GPU settings (docs/benchmarks.md, issue 31; within
+    transformers' own bf16 error there, its speed share not measured alone)."""
     logging_steps: int = 1
     """Log every N optimizer steps (1: every step's breakdown row is logged)."""
     trl: dict[str, Any] = field(default_factory=dict)

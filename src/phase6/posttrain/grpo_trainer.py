@@ -30,6 +30,7 @@ Step-time levers (issue 31; each measured in docs/benchmarks.md, "6D at the roof
   and the module's classes are left as they were).
 - ``shared_prompt`` (opt-in): every log-prob pass runs each distinct prompt through the backbone once and shares
   its KV cache with the rows of its group (same log-probs and gradient; the prompt tokens' FLOPs / group size).
+  Measured slower on one H200 (25.24 vs 18.72 s per step, 2026-12-02): not recommended until profiled.
 
 ``TimedGRPOTrainer`` is the timing alone on TRL's stock trainer (its own HF ``generate`` rollout): the anchor the
 benchmark measures beside ours, same phases, same token counts.
