@@ -105,6 +105,29 @@ def test_exit_during_startup_fails_at_once(tmp_path: Path) -> None:
     assert time.perf_counter() - t < 20
 
 
+def test_rejected_flag_is_the_engines_own_one_line_user_error(tmp_path: Path) -> None:
+    """An engine that exits 2 from its argument parser (vLLM's and SGLang's argparse) gives a UserError (the CLI's
+    one line and exit 2) carrying the parser's own message; other exits keep the RuntimeError with the log tail."""
+    parser = (
+        "import argparse, sys; p = argparse.ArgumentParser(prog='launch_server.py'); "
+        "p.add_argument('--model-path'); print('INFO importing', flush=True); p.parse_args(sys.argv[1:])"
+    )
+    cfg = ServeConfig(
+        engine="sglang",
+        launcher=fake(parser),
+        max_model_len=None,
+        ready_timeout_s=60,
+        pin_server=False,
+        engine_args={"no-such-flag": 1},
+    )
+    with pytest.raises(server.UserError) as e:
+        server.acquire(cfg, "m", tmp_path / "server.log")
+    msg = str(e.value)
+    assert msg.startswith("serve.engine_args: sglang rejected its command line: launch_server.py: error: ")
+    assert "unrecognized arguments: --host 127.0.0.1" in msg and "--no-such-flag 1" in msg and "\n" not in msg
+    assert server.rejected_args(None, tmp_path / "server.log") is None
+
+
 def test_sweep_cache_reuses_until_the_launch_spec_changes(tmp_path: Path) -> None:
     scripts = tmp_path / "scripts.json"
     scripts.write_text(json.dumps([{"ttft_s": 0.01, "gaps_s": [0.01]}]))

@@ -167,6 +167,16 @@ def log_tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def rejected_args(proc: subprocess.Popen[bytes] | None, log_path: Path | None) -> str | None:
+    """The engine's own argparse message when it exited 2 at startup (``<prog>: error: unrecognized arguments:
+    --x 1``, the last ``error:`` line of its log); None for any other exit (a crash keeps its log tail)."""
+    if proc is None or proc.returncode != 2 or log_path is None:
+        return None
+    lines = [ln.strip() for ln in log_tail(log_path, 60).splitlines()]
+    errs = [ln for ln in lines if ": error: " in ln or ln.startswith("error: ")]
+    return errs[-1] if errs else None
+
+
 def probe_ready(base_url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
     """(ready, detail): /health 200 (404 tolerated: not every server has it) and /v1/models lists a model."""
     try:
@@ -238,6 +248,11 @@ class Server:
         while wall() - t0 < timeout_s:
             died = self.exited()
             if died:
+                rejected = rejected_args(self.proc, self.log_path)
+                if rejected:
+                    raise UserError(
+                        f"serve.engine_args: {self.engine} rejected its command line: {rejected} (log {self.log_path})"
+                    )
                 raise RuntimeError(
                     f"{self.engine} {died} during startup; log {self.log_path}:\n"
                     f"{log_tail(self.log_path) if self.log_path else ''}"
