@@ -86,6 +86,48 @@ def test_pack_unpack_roundtrip(tmp_path: Path) -> None:
         assert not (site / gone).exists(), gone
 
 
+def test_sglang_set_trims_sgl_kernel_to_sm90(tmp_path: Path) -> None:
+    """``--set sglang``: sglang-kernel keeps its sm90 ops and drops FA3, sm100, infllm, flashmla; xgrammar's static
+    library goes; the set needs an sglang wheel (a vLLM wheelhouse is refused) and records its name and rules."""
+    carry = _carry()
+    wh = tmp_path / "whl"
+    wh.mkdir()
+    _wheel(
+        wh / "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl",
+        {
+            "sgl_kernel/__init__.py": b"__version__ = '0.4.5'\n",
+            "sgl_kernel/sm90/common_ops.abi3.so": b"sm90" * 100,
+            "sgl_kernel/sm100/common_ops.abi3.so": b"sm100",
+            "sgl_kernel/flash_ops.abi3.so": b"fa3" * 1000,
+            "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so": b"inf",
+            "sgl_kernel/flashmla_ops.abi3.so": b"mla",
+            "sgl_kernel/flash_attn.py": b"# python side of fa3\n",
+        },
+    )
+    _wheel(wh / "xgrammar-0.2.1-cp312-cp312-manylinux_2_28_x86_64.whl", {"xgrammar/lib/libxgrammar.a": b"a" * 10})
+    with pytest.raises(SystemExit, match="no sglang wheel"):
+        carry["pack"](wh, tmp_path / "out0", 1.0, "sglang")
+    _wheel(wh / "sglang-0.5.16-py3-none-any.whl", {"sglang/__init__.py": b"", "sglang/version.py": b"v = 1\n"})
+    out = tmp_path / "out"
+    manifest = carry["pack"](wh, out, 1.0, "sglang")
+    assert manifest["set"] == "sglang" and manifest["trim"] == carry["SGLANG_TRIM"]
+    assert manifest["wheels"]["sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl"]["trimmed_bytes"] == 3011
+    site = tmp_path / "site"
+    assert carry["unpack"](out, tmp_path / "stage", site) == 0
+    assert (site / "sgl_kernel/sm90/common_ops.abi3.so").read_bytes() == b"sm90" * 100
+    assert (site / "sgl_kernel/flash_attn.py").is_file() and (site / "sglang/version.py").is_file()
+    for gone in (
+        "sgl_kernel/flash_ops.abi3.so",
+        "sgl_kernel/sm100",
+        "sgl_kernel/flashmla_ops.abi3.so",
+        "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so",
+        "xgrammar/lib/libxgrammar.a",
+    ):
+        assert not (site / gone).exists(), gone
+    with pytest.raises(SystemExit, match="no vllm wheel"):  # the default set still wants vLLM
+        carry["pack"](wh, tmp_path / "out1", 1.0)
+
+
 def test_unpack_rejects_corrupt_piece(tmp_path: Path) -> None:
     carry = _carry()
     wh = tmp_path / "whl"

@@ -50,8 +50,10 @@ def phase6_rows(root: Path) -> list[str]:
         )
         srv = d.get("server") or {}
         if srv:
-            out.append(f"|  ↳ server | version {srv.get('version')} | startup {fmt(srv.get('startup_s'))} s "
-                       f"| reused {srv.get('reused')} | metrics {sm.get('status')} | | | | | | |")
+            out.append(
+                f"|  ↳ server | version {srv.get('version')} | startup {fmt(srv.get('startup_s'))} s "
+                f"| reused {srv.get('reused')} | metrics {sm.get('status')} | | | | | | |"
+            )
     return out
 
 
