@@ -22,16 +22,16 @@
 # summary (scripts/repro/h200_sglang_summary.py) is printed last.
 set -uo pipefail
 carry=$(realpath "$1")
-W=/tmp/i29
+W=${W:-/tmp/i29}
 R=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$W/out}
 RUNS=$W/runs
 LOG=$OUT/h200_sglang.log
 mkdir -p "$RUNS" "$OUT"
-exec > >(tee -a "$LOG") 2>&1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=/tmp/site:$R/src
+SITE=${SITE:-/tmp/site}
+export PYTHONPATH=$SITE:$R/src
 M=$W/models/qwen2.5-14b-fullvocab
 t0=$(date +%s)
 BUDGET=${BUDGET:-530}
@@ -40,6 +40,8 @@ left() { echo $((BUDGET - $(date +%s) + t0)); }
 snap() { # the process table's SGLang/phase6 processes (none should outlive a stopped server)
     ps -eo pid,ppid,pgid,stat,etimes,args | grep -E "sglang|phase6|tp_server" | grep -vE "grep|h200_sglang" \
         > "$RUNS/ps_$1.txt"
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | sed "s/^/gpu-app: /" \
+        >> "$RUNS/ps_$1.txt" 2>&1
     nvidia-smi --query-gpu=memory.used --format=csv,noheader >> "$RUNS/ps_$1.txt" 2>&1
     el "ps $1: $(grep -cvE 'MiB' "$RUNS/ps_$1.txt") sglang/phase6 processes; GPU $(tail -1 "$RUNS/ps_$1.txt")"
 }
@@ -53,15 +55,16 @@ finish() {
     python3 "$R/scripts/repro/h200_sglang_summary.py" "$RUNS"
 }
 
+main() {
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv; uname -r; python3 -V; } \
     > "$RUNS/env.txt" 2>&1
 cat "$RUNS/env.txt"
-python3 "$R/scripts/vllm_carry.py" unpack "$carry" "$W/stage" --site /tmp/site
+python3 "$R/scripts/vllm_carry.py" unpack "$carry" "$W/stage" --site "$SITE"
 el "unpack rc=$?"
 tar -xJf "$carry/setup.tar.xz" -C "$W" && el "setup: $(ls "$W"/models "$W"/req | tr '\n' ' ')"
 
 # --- A: imports, versions, attention backends on offer; a bad flag -----------------------------------------------
-timeout 120 python3 - <<'PY' 2>&1 | tee "$RUNS/imports.txt" | tail -12
+timeout 90 python3 - <<'PY' 2>&1 | tee "$RUNS/imports.txt" | tail -12
 import importlib, time
 from importlib import metadata
 t = time.time()
@@ -87,7 +90,7 @@ except Exception as e:
 print(f"imports took {time.time() - t:.1f} s")
 PY
 el "imports"
-timeout 120 python3 -m phase6 serve-bench experiment=gpu_h200_sglang serve.model="$M" \
+timeout 90 python3 -m phase6 serve-bench experiment=gpu_h200_sglang serve.model="$M" \
     serve.plan_model="$M/config.json" load.concurrency=1 run.dir="$RUNS/badflag" +serve.engine_args.no-such-flag=1 \
     > "$RUNS/badflag.out" 2> "$RUNS/badflag.err"
 rc=$?
@@ -96,8 +99,8 @@ tail -3 "$RUNS/badflag.err"
 snap badflag
 
 # --- B: phase6 launches SGLang; C=1/16/64 ---------------------------------------------------------------------------
-tb=$(($(left) - 150))
-[ $tb -gt 380 ] && tb=380
+tb=$(($(left) - 60))
+[ $tb -gt 420 ] && tb=420
 el "phase6 serve-bench engine=sglang (timeout $tb s)"
 timeout -k 20 $tb python3 -m phase6 serve-bench -m experiment=gpu_h200_sglang serve.model="$M" \
     serve.plan_model="$M/config.json" load.concurrency=1,16,64 run.dir="$RUNS/sglang" > "$RUNS/p6_sglang.log" 2>&1
@@ -106,6 +109,16 @@ grep -E "^\||rror" "$RUNS/p6_sglang.log" | tail -12
 sleep 2
 snap after_serve_bench
 slog=$(find "$RUNS/sglang" -name server.log | head -1)
+if [ -n "$slog" ]; then # a server phase6 did not stop (its client killed by the timeout): stop it by its exact argv
+    want=$(head -1 "$slog" | sed 's/^\$ //')
+    for pid in $(ps -eo pid= ); do
+        [ "$(tr '\0' ' ' < /proc/$pid/cmdline 2>/dev/null | sed 's/ $//')" = "$want" ] || continue
+        el "leftover server pid $pid (pgid $(ps -o pgid= -p $pid)): stopping its group"
+        kill -TERM -- -"$(ps -o pgid= -p $pid | tr -d ' ')" 2>/dev/null
+        sleep 10
+        kill -KILL -- -"$(ps -o pgid= -p $pid | tr -d ' ')" 2>/dev/null
+    done
+fi
 [ -n "$slog" ] && { grep -iE "attention backend|cuda graph|max_total_num_tokens|KV Cache|ready to roll|took" "$slog" | head -12; }
 
 # --- C: one server, sglang.bench_serving C=1/16/64, phase6 client C=1 ----------------------------------------------
@@ -160,3 +173,6 @@ else
     el "phase C skipped ($(left) s left)"
 fi
 finish
+}
+
+main 2>&1 | tee "$LOG"
