@@ -217,3 +217,25 @@ def test_sampler_records_metrics_and_unavailable_nvml(tmp_path: Path) -> None:
     missing.start()
     missing.stop()
     assert telemetry.read_samples(tmp_path / "t2.jsonl")[0]["metrics"].startswith("unavailable")
+
+
+@pytest.mark.slow
+def test_sglang_metric_names_are_declared_by_sglang() -> None:
+    """Every ``sglang:`` name telemetry reads is declared by SGLang's own metrics collector (the sglang package
+    that `make setup-vllm` puts in <vLLM venv>/sglang-args): a histogram by its base name (``_sum``/``_count``
+    are its series), a counter by its ``_total`` name, a gauge as is."""
+    import re
+
+    from phase6.serving import engine_args
+
+    d = engine_args.sglang_args_dir()
+    if d is None:
+        pytest.skip(f"no sglang package in <vLLM venv>/{engine_args.SGLANG_ARGS_DIR} (make setup-vllm)")
+    declared: set[str] = set()
+    for f in (d / "sglang" / "srt").rglob("*.py"):
+        declared |= set(re.findall(r'name="(sglang:[a-z0-9_]+)"', f.read_text(errors="replace")))
+    assert len(declared) > 20, sorted(declared)  # the collector was found
+    ours = [n for names in telemetry.PROM_NAMES.values() for n in names if n.startswith("sglang:")]
+    missing = [n for n in ours if n not in declared and re.sub(r"_(sum|count)$", "", n) not in declared]
+    assert missing == [], missing
+    assert "sglang:num_retracted_reqs" not in ours  # a gauge: its delta is not a count of preemptions
