@@ -151,6 +151,11 @@ SGLANG_WHEELS = [
     "compressed-tensors",  # layers.quantization imports every quantization config at module level
     "loguru",
     "gguf",
+    "soundfile==0.13.1",  # the OpenAI realtime/ASR routes, imported by the HTTP server (SGLang's pin)
+    "cffi",
+    "pycparser",
+    "datasets==5.2.0",  # sglang.bench_serving imports every dataset loader (MMMU's needs HF datasets)
+    "multiprocess",
     # sglang.utils imports IPython (notebook helpers) at module level
     "ipython",
     "ipython-pygments-lexers",
