@@ -9,6 +9,7 @@
 # CARRY (built on the CPU box, see projects/6b_serving/README.md "SGLang on the lent H200"):
 #   site.tar.xz.00 + manifest.json  scripts/vllm_carry.py --set sglang pack: SGLang, sglang-kernel (sm90 only, no
 #                                   FA3), flashinfer, the server's import closure, Hydra for phase6's CLI
+#   extra.tar.xz (optional)         a small --target tree of wheels added to the set after the piece was packed
 #   setup.tar.xz                    models/qwen2.5-14b-fullvocab (config.json + tokenizer), req/ (export_requests.py
 #                                   --sglang: c{C}.jsonl, sglang_c{C}.jsonl, index.json)
 #   repo.tar.xz                     git archive of the branch (this script's checkout)
@@ -61,6 +62,9 @@ main() {
 cat "$RUNS/env.txt"
 python3 "$R/scripts/vllm_carry.py" unpack "$carry" "$W/stage" --site "$SITE"
 el "unpack rc=$?"
+if [ -f "$carry/extra.tar.xz" ]; then # wheels added to the set after the piece was packed (same --target layout)
+    tar -xJf "$carry/extra.tar.xz" -C "$SITE" && el "extra.tar.xz extracted into $SITE"
+fi
 tar -xJf "$carry/setup.tar.xz" -C "$W" && el "setup: $(ls "$W"/models "$W"/req | tr '\n' ' ')"
 
 # --- A: imports, versions, attention backends on offer; a bad flag -----------------------------------------------
