@@ -79,6 +79,26 @@ def bench_rows(root: Path) -> list[str]:
     return out
 
 
+def metric_names(root: Path) -> list[str]:
+    """Which ``sglang:`` names phase6's telemetry reads are in a real exposition of this server (and which not)."""
+    proms = sorted(root.rglob("metrics_after.prom")) + sorted(root.rglob("metrics_sample.prom"))
+    if not proms:
+        return ["metric names: no /metrics exposition was saved (missing)"]
+    try:
+        from phase6.serving.telemetry import PROM_NAMES
+    except ImportError as e:
+        return [f"metric names: phase6 not importable ({e})"]
+    text = proms[0].read_text()
+    series = {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln and not ln.startswith("#")}
+    ours = [n for names in PROM_NAMES.values() for n in names if n.startswith("sglang:")]
+    have = [n for n in ours if n in series]
+    lack = [n for n in ours if n not in series]
+    return [
+        f"metric names ({proms[0].relative_to(root)}, {len(series)} series): present {have}; absent {lack}",
+        f"sglang: series in the exposition: {sorted(s for s in series if s.startswith('sglang:'))[:60]}",
+    ]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or not Path(argv[0]).is_dir():
         print("usage: h200_sglang_summary.py RUNS_DIR (a directory)", file=sys.stderr)
@@ -87,6 +107,8 @@ def main(argv: list[str]) -> int:
     print("\n".join(phase6_rows(root)))
     print()
     print("\n".join(bench_rows(root)))
+    print()
+    print("\n".join(metric_names(root)))
     return 0
 
 
