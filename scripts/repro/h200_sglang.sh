@@ -105,6 +105,7 @@ snap badflag
 # --- B: phase6 launches SGLang; C=1/16/64 ---------------------------------------------------------------------------
 tb=$(($(left) - 60))
 [ $tb -gt 420 ] && tb=420
+ps -eo pid= | tr -d ' ' > "$RUNS/pids_before_b.txt"
 el "phase6 serve-bench engine=sglang (timeout $tb s)"
 timeout -k 20 $tb python3 -m phase6 serve-bench -m experiment=gpu_h200_sglang serve.model="$M" \
     serve.plan_model="$M/config.json" load.concurrency=1,16,64 run.dir="$RUNS/sglang" > "$RUNS/p6_sglang.log" 2>&1
@@ -113,16 +114,17 @@ grep -E "^\||rror" "$RUNS/p6_sglang.log" | tail -12
 sleep 2
 snap after_serve_bench
 slog=$(find "$RUNS/sglang" -name server.log | head -1)
-if [ -n "$slog" ]; then # a server phase6 did not stop (its client killed by the timeout): stop it by its exact argv
-    want=$(head -1 "$slog" | sed 's/^\$ //')
-    for pid in $(ps -eo pid= ); do
-        [ "$(tr '\0' ' ' < /proc/$pid/cmdline 2>/dev/null | sed 's/ $//')" = "$want" ] || continue
-        el "leftover server pid $pid (pgid $(ps -o pgid= -p $pid)): stopping its group"
-        kill -TERM -- -"$(ps -o pgid= -p $pid | tr -d ' ')" 2>/dev/null
-        sleep 10
-        kill -KILL -- -"$(ps -o pgid= -p $pid | tr -d ' ')" 2>/dev/null
-    done
-fi
+# a server phase6 did not stop (its client killed by the timeout): SGLang processes that appeared during B (SGLang
+# renames its children, e.g. sglang::scheduler, so match on the name, among the pids new since B began)
+for pid in $(ps -eo pid=,args= | awk '/sglang/ && !/awk|h200_sglang/ {print $1}'); do
+    grep -qx "$pid" "$RUNS/pids_before_b.txt" && continue
+    pg=$(ps -o pgid= -p "$pid" | tr -d ' ')
+    [ -n "$pg" ] && [ "$pg" != "$(ps -o pgid= -p $$ | tr -d ' ')" ] || continue
+    el "leftover SGLang process $pid (pgid $pg): stopping its group"
+    kill -TERM -- -"$pg" 2>/dev/null
+    sleep 5
+    kill -KILL -- -"$pg" 2>/dev/null
+done
 [ -n "$slog" ] && { grep -iE "attention backend|cuda graph|max_total_num_tokens|KV Cache|ready to roll|took" "$slog" | head -12; }
 
 # --- C: one server, sglang.bench_serving C=1/16/64, phase6 client C=1 ----------------------------------------------
