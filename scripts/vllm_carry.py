@@ -119,7 +119,7 @@ SGLANG_WHEELS = [
     "flashinfer-python==0.6.14",
     "apache-tvm-ffi==0.1.11",
     "xgrammar==0.2.1",  # the default grammar backend, imported at start
-    "llguidance==1.7.6",
+    # llguidance left out: only --grammar-backend llguidance imports it (not on the server's import chain, measured)
     "interegular",
     "partial-json-parser",
     "openai==2.6.1",  # SGLang's pin (its OpenAI protocol types)
@@ -175,6 +175,12 @@ SGLANG_WHEELS = [
     # phase6's own CLI (Hydra) on the device
     "hydra-core==1.3.2",
     "omegaconf==2.3.0",
+    # SGLang's transformers pin, first on PYTHONPATH over the image's 5.17 (which already registers "qwen3_asr", so
+    # sglang.srt.configs' AutoConfig.register raised at import: call E, docs/benchmarks.md); transformers 5.12.1 wants
+    # tokenizers <=0.23.0 (checked at import; the image has 0.23.2), huggingface-hub <2 and safetensors >=0.4.3 (the
+    # image's 1.33 and 0.8 fit)
+    "transformers==5.12.1",
+    "tokenizers==0.22.2",
 ]
 
 SGLANG_TRIM = [
@@ -185,6 +191,20 @@ SGLANG_TRIM = [
     "sgl_kernel/flashmla_ops*",  # MLA models only
     "xgrammar/lib/*.a",  # static library for C++ users (62 MB); the Python binding is its own .so
     "jedi/third_party/typeshed/*",  # IPython completion stubs (the server never completes code)
+    # not imported by `sglang.launch_server` (TP=1, dense Qwen2, triton attention) nor sglang.bench_serving (measured:
+    # the import chain's sys.modules and /proc/self/maps on CPU, docs/benchmarks.md)
+    "zstandard/_cffi.*",  # the CFFI backend (12 MB); zstandard loads backend_c unless told otherwise
+    "sglang/srt/grpc/_core.*",  # native gRPC server (7.6 MB), loaded only with --grpc-port
+    "sglang/multimodal_gen/*",  # the diffusion server (`sglang serve` for image/video models)
+    # flashinfer's JIT sources: keep include/, csrc/, spdlog/, cutlass/include + tools/util/include, cccl's headers
+    # (flashinfer.jit.env and sglang.jit_kernel.utils.deps read those); drop the examples, tests, Python and docs
+    "flashinfer/data/cutlass/examples/*",
+    "flashinfer/data/cutlass/python/*",
+    "flashinfer/data/cutlass/test/*",
+    "flashinfer/data/cccl/python/*",
+    "flashinfer/data/cccl/docs/*",
+    "flashinfer/data/cccl/ci/*",
+    "flashinfer/data/cccl/benchmarks/*",
     "*/__pycache__/*",
 ]
 

@@ -100,14 +100,37 @@ def test_exit_during_startup_fails_at_once(tmp_path: Path) -> None:
         pin_server=False,
     )
     t = time.perf_counter()
-    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3 during startup.*CUDA out of memory"):
+    with pytest.raises(ValueError, match=r"exited with code 3 during startup: CUDA out of memory"):
         server.acquire(cfg, "m", tmp_path / "server.log")
     assert time.perf_counter() - t < 20
 
 
+def test_import_crash_at_startup_is_one_line_naming_the_engines_last_error(tmp_path: Path) -> None:
+    """Call E's failure (docs/benchmarks.md, issue 29): SGLang died importing its configs under the image's
+    transformers, a Python traceback in its log. The UserError (CLI: one line, exit 2) carries the traceback's
+    last line, the exception itself, not the traceback; any child the leader left is stopped first."""
+    crash = (
+        "import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print('child', c.pid); "
+        "print('Traceback (most recent call last):'); print('  File \"/tmp/site/sglang/srt/configs/qwen3_asr.py\"');"
+        "print(\"ValueError: 'qwen3_asr' is already used by a Transformers config, pick another name.\", flush=True);"
+        "sys.exit(1)"
+    )
+    cfg = ServeConfig(engine="sglang", launcher=fake(crash), ready_timeout_s=60, pin_server=False)
+    with pytest.raises(server.UserError) as e:
+        server.acquire(cfg, "m", tmp_path / "server.log")
+    msg = str(e.value)
+    assert msg.startswith("serve.engine: sglang server process exited with code 1 during startup: ValueError: ")
+    assert "'qwen3_asr' is already used" in msg and "Traceback" not in msg and "\n" not in msg
+    assert f"(log: {tmp_path / 'server.log'})" in msg
+    child = int(next(ln for ln in (tmp_path / "server.log").read_text().splitlines() if ln.startswith("child "))[6:])
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+
+
 def test_rejected_flag_is_the_engines_own_one_line_user_error(tmp_path: Path) -> None:
     """An engine that exits 2 from its argument parser (vLLM's and SGLang's argparse) gives a UserError (the CLI's
-    one line and exit 2) carrying the parser's own message; other exits keep the RuntimeError with the log tail."""
+    one line and exit 2) carrying the parser's own message, not the INFO line before it."""
     parser = (
         "import argparse, sys; p = argparse.ArgumentParser(prog='launch_server.py'); "
         "p.add_argument('--model-path'); print('INFO importing', flush=True); p.parse_args(sys.argv[1:])"
@@ -123,9 +146,8 @@ def test_rejected_flag_is_the_engines_own_one_line_user_error(tmp_path: Path) ->
     with pytest.raises(server.UserError) as e:
         server.acquire(cfg, "m", tmp_path / "server.log")
     msg = str(e.value)
-    assert msg.startswith("serve.engine_args: sglang rejected its command line: launch_server.py: error: ")
+    assert msg.startswith("serve.engine: sglang server process exited with code 2 during startup: launch_server.py: ")
     assert "unrecognized arguments: --host 127.0.0.1" in msg and "--no-such-flag 1" in msg and "\n" not in msg
-    assert server.rejected_args(None, tmp_path / "server.log") is None
 
 
 def test_sweep_cache_reuses_until_the_launch_spec_changes(tmp_path: Path) -> None:

@@ -198,3 +198,38 @@ def test_uncalibrated_prediction_equals_the_later_comparison(tmp_path: Path) -> 
             o["tpot_p50_ms_sim"],
             o["throughput_tok_s_sim"],
         )
+
+
+def test_sglang_trim_keeps_the_jit_headers_and_the_loaded_backends() -> None:
+    """The retry's trims (docs/benchmarks.md, issue 29, call E): flashinfer's header trees that flashinfer.jit.env
+    and sglang.jit_kernel.utils.deps put on the include path stay, their examples/tests/Python go; zstandard keeps
+    the C backend it loads and drops CFFI; SGLang's native gRPC server and the diffusion server go, its LLM server
+    stays; the set carries SGLang's transformers pin (the image's 5.17 breaks sglang.srt.configs at import)."""
+    carry = _carry()
+    trim = carry["SGLANG_TRIM"]
+    kept = (
+        "flashinfer/data/include/flashinfer/norm.cuh",
+        "flashinfer/data/csrc/norm.cu",
+        "flashinfer/data/cutlass/include/cute/tensor.hpp",
+        "flashinfer/data/cutlass/tools/util/include/cutlass/util/device_memory.h",
+        "flashinfer/data/cccl/libcudacxx/include/cuda/std/atomic",
+        "flashinfer/data/cccl/cub/cub/cub.cuh",
+        "flashinfer/data/cccl/thrust/thrust/copy.h",
+        "flashinfer/data/spdlog/include/spdlog/spdlog.h",
+        "zstandard/backend_c.cpython-312-x86_64-linux-gnu.so",
+        "sglang/srt/grpc/__init__.py",
+        "sglang/srt/entrypoints/http_server.py",
+        "sgl_kernel/sm90/common_ops.abi3.so",
+    )
+    dropped = (
+        "flashinfer/data/cutlass/examples/00_basic_gemm/basic_gemm.cu",
+        "flashinfer/data/cutlass/python/cutlass/__init__.py",
+        "flashinfer/data/cccl/python/cuda_cccl/tests/compute/test_scan.py",
+        "zstandard/_cffi.cpython-312-x86_64-linux-gnu.so",
+        "sglang/srt/grpc/_core.cpython-312-x86_64-linux-gnu.so",
+        "sglang/multimodal_gen/runtime/launch_server.py",
+    )
+    assert [p for p in kept if carry["trimmed"](p, trim)] == []
+    assert [p for p in dropped if not carry["trimmed"](p, trim)] == []
+    assert "transformers==5.12.1" in carry["SGLANG_WHEELS"] and "tokenizers==0.22.2" in carry["SGLANG_WHEELS"]
+    assert not any(w.startswith("llguidance") for w in carry["SGLANG_WHEELS"])

@@ -13,12 +13,14 @@
 #   setup.tar.xz                    models/qwen2.5-14b-fullvocab (config.json + tokenizer), req/ (export_requests.py
 #                                   --sglang: c{C}.jsonl, sglang_c{C}.jsonl, index.json)
 #   repo.tar.xz                     git archive of the branch (this script's checkout)
-# Phases, each under its own `timeout`, the whole call < 540 s:
-#   A. import check (versions); a bad engine flag through `phase6 serve-bench` (expect one line, exit 2)
+# Phases, each under its own `timeout`, the whole call < 420 s (BUDGET 400 s + the tar and the summary):
+#   A. import check (versions; transformers must be the carried 5.12.1), alongside a bad engine flag through
+#      `phase6 serve-bench` (expect one line naming SGLang's own argparse error, exit 2, the run dir marked failed)
 #   B. `phase6 serve-bench -m experiment=gpu_h200_sglang load.concurrency=1,16,64`: phase6 launches SGLang
 #      (readiness, version, /metrics, usage vs sglang:generation_tokens_total), stops it; process table after
-#   C. if time is left: one SGLang server started like B's (its logged command), `sglang.bench_serving` C=1/16/64
-#      on the same request lists, then phase6's client at C=1 on that same server (endpoint mode); stopped, ps after
+#   C. if >= 150 s are left: one SGLang server started like B's (its logged command), `sglang.bench_serving` C=1/16/64
+#      at C=1 and phase6's client at C=1 on that same server (endpoint mode), then bench C=16/64 as time allows;
+#      stopped, ps after
 # $OUT gets two files: sglang_runs.tar.xz (run dirs, server logs, ps snapshots) and h200_sglang.log; the markdown
 # summary (scripts/repro/h200_sglang_summary.py) is printed last.
 set -uo pipefail
@@ -35,7 +37,7 @@ SITE=${SITE:-/tmp/site}
 export PYTHONPATH=$SITE:$R/src
 M=$W/models/qwen2.5-14b-fullvocab
 t0=$(date +%s)
-BUDGET=${BUDGET:-515}  # phases are cut to this; the tar, the summary and a last stop add <= ~20 s
+BUDGET=${BUDGET:-400}  # phases are cut to this; the tar, the summary and a last stop add <= ~20 s
 el() { echo "[$(($(date +%s) - t0)) s] $*"; }
 left() { echo $((BUDGET - $(date +%s) + t0)); }
 snap() { # the process table's SGLang/phase6 processes (none should outlive a stopped server)
@@ -68,7 +70,8 @@ fi
 tar -xJf "$carry/setup.tar.xz" -C "$W" && el "setup: $(ls "$W"/models "$W"/req | tr '\n' ' ')"
 
 # --- A: imports, versions, attention backends on offer; a bad flag -----------------------------------------------
-timeout 90 python3 - <<'PY' 2>&1 | tee "$RUNS/imports.txt" | tail -12
+# A runs beside the bad flag (both only import and parse; 16 cores): ~25 s saved
+timeout 60 python3 - > "$RUNS/imports.txt" 2>&1 <<'PY' &
 import importlib, time
 from importlib import metadata
 t = time.time()
@@ -81,7 +84,7 @@ for m in ("torch", "sgl_kernel", "flashinfer", "xgrammar", "hydra", "sglang.laun
         print("import ok", m)
     except Exception as e:  # report every failure, keep going: the follow-up needs the whole list
         print("import FAILED", m, type(e).__name__, str(e)[:300])
-for p in ("sglang", "sglang-kernel", "flashinfer-python", "torch", "transformers", "triton", "xgrammar"):
+for p in ("sglang", "sglang-kernel", "flashinfer-python", "torch", "transformers", "tokenizers", "triton", "xgrammar"):
     try:
         print("version", p, metadata.version(p))
     except metadata.PackageNotFoundError:
@@ -91,20 +94,25 @@ try:
     print("fa3 python module imports (flash_ops.so trimmed: the fa3 backend would fail at first use)")
 except Exception as e:
     print("fa3 module:", type(e).__name__, str(e)[:200])
+import transformers
+print("transformers from", transformers.__file__)
 print(f"imports took {time.time() - t:.1f} s")
 PY
-el "imports"
-timeout 90 python3 -m phase6 serve-bench experiment=gpu_h200_sglang serve.model="$M" \
+apid=$!
+timeout 60 python3 -m phase6 serve-bench experiment=gpu_h200_sglang serve.model="$M" \
     serve.plan_model="$M/config.json" load.concurrency=1 run.dir="$RUNS/badflag" +serve.engine_args.no-such-flag=1 \
     > "$RUNS/badflag.out" 2> "$RUNS/badflag.err"
 rc=$?
 el "bad flag: rc=$rc, stderr $(wc -l < "$RUNS/badflag.err") lines, traceback: $(grep -c Traceback "$RUNS/badflag.err"), run dir left: $(ls "$RUNS/badflag" 2>/dev/null | tr '\n' ' ')"
 tail -3 "$RUNS/badflag.err"
+wait $apid
+el "imports rc=$?"
+grep -E "^(import FAILED|version|transformers from|imports took|fa3)" "$RUNS/imports.txt" | cut -c1-220
+echo "$(grep -c "^import ok" "$RUNS/imports.txt") modules import ok"
 snap badflag
 
 # --- B: phase6 launches SGLang; C=1/16/64 ---------------------------------------------------------------------------
-tb=$(($(left) - 60))
-[ $tb -gt 420 ] && tb=420
+tb=$(($(left) - 10))  # SGLang's first start JIT-compiles its ops (predicted 90-240 s): B gets what is left
 ps -eo pid= | tr -d ' ' > "$RUNS/pids_before_b.txt"
 el "phase6 serve-bench engine=sglang (timeout $tb s)"
 timeout -k 20 $tb python3 -m phase6 serve-bench -m experiment=gpu_h200_sglang serve.model="$M" \
@@ -127,7 +135,7 @@ for pid in $(ps -eo pid=,args= | awk '/sglang/ && !/awk|h200_sglang/ {print $1}'
 done
 [ -n "$slog" ] && { grep -iE "attention backend|cuda graph|max_total_num_tokens|KV Cache|ready to roll|took" "$slog" | head -12; }
 
-# --- C: one server, sglang.bench_serving C=1/16/64, phase6 client C=1 ----------------------------------------------
+# --- C: one server, sglang.bench_serving C=1, phase6 client C=1, bench C=16/64 ---------------------------------
 if [ "$(left)" -gt 150 ] && [ -n "$slog" ]; then
     cmd=$(head -1 "$slog" | sed 's/^\$ //')
     read -r -a argv <<< "$cmd"
@@ -138,7 +146,7 @@ if [ "$(left)" -gt 150 ] && [ -n "$slog" ]; then
     spid=$!
     el "server C started (pid $spid): $(cat "$RUNS/server_c.cmd")"
     ready=0
-    for _ in $(seq 1 $(($(left) - 100))); do
+    for _ in $(seq 1 $(($(left) - 60))); do
         kill -0 $spid 2>/dev/null || break
         if hget http://127.0.0.1:30000/health_generate > /dev/null; then ready=1; break; fi
         sleep 1
@@ -150,11 +158,20 @@ if [ "$(left)" -gt 150 ] && [ -n "$slog" ]; then
         hget http://127.0.0.1:30000/get_model_info > "$RUNS/get_model_info.json"
         hget http://127.0.0.1:30000/metrics > "$RUNS/metrics_sample.prom"
         mkdir -p "$RUNS/sbench"
-        for c in 1 16 64; do
-            [ "$(left)" -lt 45 ] && { el "no time for bench C=$c"; break; }
+        # C=1 by both clients first (the same-server comparison), then SGLang's client at C=16/64 as time allows
+        for c in 1 p6 16 64; do
+            if [ $c = p6 ]; then
+                [ "$(left)" -lt 50 ] && { el "no time for phase6's client on server C"; break; }
+                timeout $(($(left) - 20)) python3 -m phase6 serve-bench experiment=gpu_h200_sglang \
+                    serve.endpoint=http://127.0.0.1:30000 serve.model="$M" serve.plan_model="$M/config.json" \
+                    load.concurrency=1 run.dir="$RUNS/p6_same_server_c1" > "$RUNS/p6_same_server.log" 2>&1
+                el "phase6 client C=1 on server C rc=$?"
+                continue
+            fi
+            [ "$(left)" -lt 40 ] && { el "no time for bench C=$c"; break; }
             n=$(python3 -c "import json; print([e['requests'] for e in json.load(open('$W/req/index.json')) if e['concurrency'] == $c][0])")
             hget http://127.0.0.1:30000/metrics > "$RUNS/sbench/c$c.before.prom"
-            timeout $(($(left) - 30)) python3 -m sglang.bench_serving --backend sglang-oai-chat \
+            timeout $(($(left) - 20)) python3 -m sglang.bench_serving --backend sglang-oai-chat \
                 --base-url http://127.0.0.1:30000 --model "$M" --tokenizer "$M" --dataset-name custom \
                 --dataset-path "$W/req/sglang_c$c.jsonl" --num-prompts "$n" --max-concurrency $c \
                 --request-rate inf --temperature 0 --warmup-requests $c --seed 1337 \
@@ -163,12 +180,6 @@ if [ "$(left)" -gt 150 ] && [ -n "$slog" ]; then
             el "sglang.bench_serving C=$c rc=$?"
             hget http://127.0.0.1:30000/metrics > "$RUNS/sbench/c$c.after.prom"
         done
-        if [ "$(left)" -gt 60 ]; then
-            timeout $(($(left) - 25)) python3 -m phase6 serve-bench experiment=gpu_h200_sglang \
-                serve.endpoint=http://127.0.0.1:30000 serve.model="$M" serve.plan_model="$M/config.json" \
-                load.concurrency=1 run.dir="$RUNS/p6_same_server_c1" > "$RUNS/p6_same_server.log" 2>&1
-            el "phase6 client C=1 on server C rc=$?"
-        fi
     fi
     kill -TERM -- -$spid 2>/dev/null
     for _ in $(seq 1 20); do kill -0 -- -$spid 2>/dev/null || break; sleep 0.5; done

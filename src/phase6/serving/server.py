@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -167,14 +168,13 @@ def log_tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
-def rejected_args(proc: subprocess.Popen[bytes] | None, log_path: Path | None) -> str | None:
-    """The engine's own argparse message when it exited 2 at startup (``<prog>: error: unrecognized arguments:
-    --x 1``, the last ``error:`` line of its log); None for any other exit (a crash keeps its log tail)."""
-    if proc is None or proc.returncode != 2 or log_path is None:
-        return None
-    lines = [ln.strip() for ln in log_tail(log_path, 60).splitlines()]
-    errs = [ln for ln in lines if ": error: " in ln or ln.startswith("error: ")]
-    return errs[-1] if errs else None
+def engine_message(log_path: Path | None) -> str:
+    """The engine's own reason from its log: the last line that reads like an error, else the last line."""
+    lines = [ln.strip() for ln in log_tail(log_path, 60).splitlines() if ln.strip()] if log_path else []
+    lines = [ln for ln in lines if not ln.startswith("$ ")]  # our own command line, written first
+    errors = [ln for ln in lines if re.search(r"error|no such option|unrecognized|invalid|exception", ln, re.I)]
+    text = (errors or lines or ["(no output)"])[-1].strip("│|╭╰─ ")
+    return text[:300]
 
 
 def probe_ready(base_url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
@@ -248,14 +248,10 @@ class Server:
         while wall() - t0 < timeout_s:
             died = self.exited()
             if died:
-                rejected = rejected_args(self.proc, self.log_path)
-                if rejected:
-                    raise UserError(
-                        f"serve.engine_args: {self.engine} rejected its command line: {rejected} (log {self.log_path})"
-                    )
-                raise RuntimeError(
-                    f"{self.engine} {died} during startup; log {self.log_path}:\n"
-                    f"{log_tail(self.log_path) if self.log_path else ''}"
+                self.stop()  # what the engine's leader left behind (e.g. SGLang's scheduler), before the error
+                raise UserError(
+                    f"serve.engine: {self.engine} {died} during startup: {engine_message(self.log_path)} "
+                    f"(log: {self.log_path})"
                 )
             ok, detail = probe_ready(self.base_url)
             if ok:
