@@ -13,7 +13,7 @@
 #   setup.tar.xz                    models/qwen2.5-14b-fullvocab (config.json + tokenizer), req/ (export_requests.py
 #                                   --sglang: c{C}.jsonl, sglang_c{C}.jsonl, index.json)
 #   repo.tar.xz                     git archive of the branch (this script's checkout)
-# Phases, each under its own `timeout`, the whole call < 420 s (BUDGET 400 s + the tar and the summary):
+# Phases, each under its own `timeout`, the whole call < 420 s (BUDGET 390 s + kill grace, the tar, the summary):
 #   A. import check (versions; transformers must be the carried 5.12.1), alongside a bad engine flag through
 #      `phase6 serve-bench` (expect one line naming SGLang's own argparse error, exit 2, the run dir marked failed)
 #   B. `phase6 serve-bench -m experiment=gpu_h200_sglang load.concurrency=1,16,64`: phase6 launches SGLang
@@ -37,7 +37,7 @@ SITE=${SITE:-/tmp/site}
 export PYTHONPATH=$SITE:$R/src
 M=$W/models/qwen2.5-14b-fullvocab
 t0=$(date +%s)
-BUDGET=${BUDGET:-400}  # phases are cut to this; the tar, the summary and a last stop add <= ~20 s
+BUDGET=${BUDGET:-390}  # phases are cut to this; B's kill grace, a leftover stop, the tar and the summary add <= ~30 s
 el() { echo "[$(($(date +%s) - t0)) s] $*"; }
 left() { echo $((BUDGET - $(date +%s) + t0)); }
 snap() { # the process table's SGLang/phase6 processes (none should outlive a stopped server)
@@ -146,12 +146,13 @@ if [ "$(left)" -gt 150 ] && [ -n "$slog" ]; then
     spid=$!
     el "server C started (pid $spid): $(cat "$RUNS/server_c.cmd")"
     ready=0
-    for _ in $(seq 1 $(($(left) - 60))); do
+    while [ "$(left)" -gt 60 ]; do  # by the clock: a probe can take its 5 s timeout
         kill -0 $spid 2>/dev/null || break
         if hget http://127.0.0.1:30000/health_generate > /dev/null; then ready=1; break; fi
         sleep 1
     done
     el "server C ready=$ready"
+    [ $ready = 1 ] || grep -iE "error|exception" "$RUNS/server_c.log" | tail -2 | cut -c1-240
     if [ $ready = 1 ]; then
         hget http://127.0.0.1:30000/server_info > "$RUNS/server_info.json"
         hget http://127.0.0.1:30000/get_server_info > "$RUNS/get_server_info.json"

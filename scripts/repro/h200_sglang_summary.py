@@ -33,7 +33,8 @@ def phase6_rows(root: Path) -> list[str]:
             out.append(f"| {f.parent.name} | unreadable: {e} |")
             continue
         if not d.get("rows"):
-            out.append(f"| {f.relative_to(root).parent} | status {d.get('status')} |")
+            err = str(d.get("error") or "")[:240].replace("|", "/")
+            out.append(f"| {f.relative_to(root).parent} | status {d.get('status')} | {err} |")
             continue
         r = d["rows"][0]
         sm = d.get("server_metrics") or {}
