@@ -1,8 +1,11 @@
-"""Pack a trimmed vLLM 0.26.0 (+ the closure the lent H200 image lacks) into pieces that fit one device call each.
+"""Pack a trimmed vLLM 0.26.0 or SGLang 0.5.16 (+ the closure the lent H200 image lacks) into pieces that fit one
+device call each. ``--set`` names the wheel set (:data:`SETS`: its wheels, sdists, trim rules; default vllm).
 
     # here (CPU, internet through the package registry): the wheelhouse, then the pieces
     python scripts/vllm_carry.py download .dev/i19/whl        # pip download of WHEELS (cp312 manylinux, --no-deps)
     python scripts/vllm_carry.py pack .dev/i19/whl .dev/i19/pieces --piece-mib 56
+    python scripts/vllm_carry.py --set sglang download .dev/i29/whl   # SGLang: SGLANG_WHEELS, trimmed by SGLANG_TRIM
+    python scripts/vllm_carry.py --set sglang pack .dev/i29/whl .device/i29 --piece-mib 58   # one piece (~50 MiB)
     # on the device, one piece per call, calls back to back (a warm machine keeps /tmp):
     python3 scripts/vllm_carry.py unpack .dev/i19/pieces /tmp/vllm_carry --site /tmp/site   # each call; extracts
     export PYTHONPATH=/tmp/site                                                             #   once all are there
@@ -36,6 +39,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 WHEELS = [
@@ -107,22 +111,137 @@ TRIM = [
 ]
 
 
-def trimmed(rel: str) -> bool:
-    return any(fnmatch.fnmatch(rel, pat) for pat in TRIM)
+SGLANG_WHEELS = [
+    # SGLang 0.5.16: the last release line pinning torch==2.11.0 (the image's); sglang-kernel and flashinfer at its
+    # pins (shared/reference/sglang-on-h200.md)
+    "sglang==0.5.16",
+    "sglang-kernel==0.4.5",
+    "flashinfer-python==0.6.14",
+    "apache-tvm-ffi==0.1.11",
+    "xgrammar==0.2.1",  # the default grammar backend, imported at start
+    # llguidance left out: only --grammar-backend llguidance imports it (not on the server's import chain, measured)
+    "interegular",
+    "partial-json-parser",
+    "openai==2.6.1",  # SGLang's pin (its OpenAI protocol types)
+    "openai-harmony==0.0.4",  # imported by the OpenAI serving modules
+    "distro",
+    "jiter",
+    "sniffio",
+    "pydantic==2.12.5",
+    "pydantic-core==2.41.5",
+    "annotated-types",
+    "typing-inspection",
+    "fastapi>=0.136,<0.137",
+    "starlette>=1.0.1",
+    "uvicorn",
+    "httptools",
+    "watchfiles",
+    "python-multipart",
+    "orjson",
+    "pybase64",
+    "msgspec",
+    "pyzmq",
+    "setproctitle",
+    "jsonschema",  # serving_chat (tool-call schemas)
+    "jsonschema-specifications",
+    "referencing",
+    "rpds-py",
+    "zstandard",  # request decompression middleware
+    "dill",  # sampling: custom logit processors
+    "compressed-tensors",  # layers.quantization imports every quantization config at module level
+    "loguru",
+    "gguf",
+    "soundfile==0.13.1",  # the OpenAI realtime/ASR routes, imported by the HTTP server (SGLang's pin)
+    "cffi",
+    "pycparser",
+    "datasets==5.2.0",  # sglang.bench_serving imports every dataset loader (MMMU's needs HF datasets)
+    "multiprocess",
+    # sglang.utils imports IPython (notebook helpers) at module level
+    "ipython",
+    "ipython-pygments-lexers",
+    "traitlets",
+    "jedi",
+    "parso",
+    "decorator",
+    "matplotlib-inline",
+    "pexpect",
+    "ptyprocess",
+    "prompt-toolkit",
+    "wcwidth",
+    "stack-data",
+    "asttokens",
+    "executing",
+    "pure-eval",
+    # phase6's own CLI (Hydra) on the device
+    "hydra-core==1.3.2",
+    "omegaconf==2.3.0",
+    # SGLang's transformers pin, first on PYTHONPATH over the image's 5.17 (which already registers "qwen3_asr", so
+    # sglang.srt.configs' AutoConfig.register raised at import: call E, docs/benchmarks.md); transformers 5.12.1 wants
+    # tokenizers <=0.23.0 (checked at import; the image has 0.23.2), huggingface-hub <2 and safetensors >=0.4.3 (the
+    # image's 1.33 and 0.8 fit)
+    "transformers==5.12.1",
+    "tokenizers==0.22.2",
+]
+
+SGLANG_TRIM = [
+    # sglang-kernel 0.4.5: 1.2 GB unpacked; the Hopper build of its ops is sm90/common_ops (18.6 MB)
+    "sgl_kernel/flash_ops.abi3.so",  # 1.1 GB FA3 kernels: only the fa3 attention backend loads them (triton runs)
+    "sgl_kernel/sm100/*",  # Blackwell build
+    "sgl_kernel/infllm_ops*",  # InfLLM sparse attention
+    "sgl_kernel/flashmla_ops*",  # MLA models only
+    "xgrammar/lib/*.a",  # static library for C++ users (62 MB); the Python binding is its own .so
+    "jedi/third_party/typeshed/*",  # IPython completion stubs (the server never completes code)
+    # not imported by `sglang.launch_server` (TP=1, dense Qwen2, triton attention) nor sglang.bench_serving (measured:
+    # the import chain's sys.modules and /proc/self/maps on CPU, docs/benchmarks.md)
+    "zstandard/_cffi.*",  # the CFFI backend (12 MB); zstandard loads backend_c unless told otherwise
+    "sglang/srt/grpc/_core.*",  # native gRPC server (7.6 MB), loaded only with --grpc-port
+    "sglang/multimodal_gen/*",  # the diffusion server (`sglang serve` for image/video models)
+    # flashinfer's JIT sources: keep include/, csrc/, spdlog/, cutlass/include + tools/util/include, cccl's headers
+    # (flashinfer.jit.env and sglang.jit_kernel.utils.deps read those); drop the examples, tests, Python and docs
+    "flashinfer/data/cutlass/examples/*",
+    "flashinfer/data/cutlass/python/*",
+    "flashinfer/data/cutlass/test/*",
+    "flashinfer/data/cccl/python/*",
+    "flashinfer/data/cccl/docs/*",
+    "flashinfer/data/cccl/ci/*",
+    "flashinfer/data/cccl/benchmarks/*",
+    "*/__pycache__/*",
+]
 
 
-def download(wheelhouse: Path) -> None:
+@dataclass(frozen=True)
+class CarrySet:
+    """One engine's wheelhouse: what ``download`` fetches, what ``pack`` drops, which wheel must be there."""
+
+    wheels: list[str]
+    sdists: list[str]
+    trim: list[str]
+    main: str
+
+
+SETS = {
+    "vllm": CarrySet(WHEELS, SDISTS, TRIM, "vllm"),
+    "sglang": CarrySet(SGLANG_WHEELS, SDISTS, SGLANG_TRIM, "sglang"),
+}
+
+
+def trimmed(rel: str, trim: list[str] = TRIM) -> bool:
+    return any(fnmatch.fnmatch(rel, pat) for pat in trim)
+
+
+def download(wheelhouse: Path, carry_set: str = "vllm") -> None:
+    cs = SETS[carry_set]
     wheelhouse.mkdir(parents=True, exist_ok=True)
     plat = [x for p in PLATFORMS for x in ("--platform", p)]
     env = {**os.environ, "PIP_CONSTRAINT": ""}  # a machine-wide constraints file must not pin the device's closure
     base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]
-    subprocess.run([*base, "--implementation", "cp", *plat, "-d", str(wheelhouse), *WHEELS], check=True, env=env)
+    subprocess.run([*base, "--implementation", "cp", *plat, "-d", str(wheelhouse), *cs.wheels], check=True, env=env)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(wheelhouse), *SDISTS], check=True, env=env
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(wheelhouse), *cs.sdists], check=True, env=env
     )
 
 
-def unpack_wheel(whl: Path, site: Path) -> tuple[int, int]:
+def unpack_wheel(whl: Path, site: Path, trim: list[str] = TRIM) -> tuple[int, int]:
     """Unzip like ``pip install --no-deps --target`` (``*.data/purelib|platlib`` moved up); (kept, dropped) bytes."""
     kept = dropped = 0
     with zipfile.ZipFile(whl) as z:
@@ -136,7 +255,7 @@ def unpack_wheel(whl: Path, site: Path) -> tuple[int, int]:
                     dropped += info.file_size  # scripts/headers/data: console scripts are not used under --target
                     continue
                 rel = "/".join(parts[2:])
-            if trimmed(rel):
+            if trimmed(rel, trim):
                 dropped += info.file_size
                 continue
             dest = site / rel
@@ -149,14 +268,15 @@ def unpack_wheel(whl: Path, site: Path) -> tuple[int, int]:
     return kept, dropped
 
 
-def pack(wheelhouse: Path, out: Path, piece_mib: float) -> dict[str, object]:
+def pack(wheelhouse: Path, out: Path, piece_mib: float, carry_set: str = "vllm") -> dict[str, object]:
+    cs = SETS[carry_set]
     wheels = sorted(wheelhouse.glob("*.whl"))
     names = [w.name.split("-")[0].lower() for w in wheels]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise SystemExit(f"vllm_carry: {wheelhouse}: more than one wheel of {sorted(dup)} (keep one version each)")
-    if not any(n == "vllm" for n in names):
-        raise SystemExit(f"vllm_carry: {wheelhouse}: no vllm wheel (run the download step first)")
+    if not any(n == cs.main for n in names):
+        raise SystemExit(f"vllm_carry: {wheelhouse}: no {cs.main} wheel (run the download step first)")
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("site.tar.xz.*"):
         old.unlink()
@@ -164,7 +284,7 @@ def pack(wheelhouse: Path, out: Path, piece_mib: float) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         site = Path(tmp) / "site"
         for w in wheels:
-            kept, dropped = unpack_wheel(w, site)
+            kept, dropped = unpack_wheel(w, site, cs.trim)
             per_wheel[w.name] = {"wheel_bytes": w.stat().st_size, "unpacked_bytes": kept, "trimmed_bytes": dropped}
         archive = Path(tmp) / "site.tar"
         with tarfile.open(archive, "w") as t:
@@ -186,7 +306,8 @@ def pack(wheelhouse: Path, out: Path, piece_mib: float) -> dict[str, object]:
         "xz_bytes": len(data),
         "tar_bytes": tar_bytes,
         "pieces": pieces,
-        "trim": TRIM,
+        "set": carry_set,
+        "trim": cs.trim,
         "wheels": per_wheel,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -228,6 +349,7 @@ def unpack(pieces_dir: Path, stage: Path, site: Path) -> int:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--set", dest="carry_set", choices=sorted(SETS), default="vllm", help="which wheel set (SETS)")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("download")
     d.add_argument("wheelhouse", type=Path)
@@ -241,10 +363,10 @@ def main(argv: list[str]) -> int:
     u.add_argument("--site", type=Path, default=Path("/tmp/site"))
     a = p.parse_args(argv)
     if a.cmd == "download":
-        download(a.wheelhouse)
+        download(a.wheelhouse, a.carry_set)
         return 0
     if a.cmd == "pack":
-        m = pack(a.wheelhouse, a.out, a.piece_mib)
+        m = pack(a.wheelhouse, a.out, a.piece_mib, a.carry_set)
         print(json.dumps({k: m[k] for k in ("sha256", "xz_bytes", "tar_bytes", "pieces")}, indent=1))
         return 0
     return unpack(a.pieces, a.stage, a.site)

@@ -105,6 +105,51 @@ def test_exit_during_startup_fails_at_once(tmp_path: Path) -> None:
     assert time.perf_counter() - t < 20
 
 
+def test_import_crash_at_startup_is_one_line_naming_the_engines_last_error(tmp_path: Path) -> None:
+    """Call E's failure (docs/benchmarks.md, issue 29): SGLang died importing its configs under the image's
+    transformers, a Python traceback in its log. The UserError (CLI: one line, exit 2) carries the traceback's
+    last line, the exception itself, not the traceback; any child the leader left is stopped first."""
+    crash = (
+        "import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print('child', c.pid); "
+        "print('Traceback (most recent call last):'); print('  File \"/tmp/site/sglang/srt/configs/qwen3_asr.py\"');"
+        "print(\"ValueError: 'qwen3_asr' is already used by a Transformers config, pick another name.\", flush=True);"
+        "sys.exit(1)"
+    )
+    cfg = ServeConfig(engine="sglang", launcher=fake(crash), ready_timeout_s=60, pin_server=False)
+    with pytest.raises(server.UserError) as e:
+        server.acquire(cfg, "m", tmp_path / "server.log")
+    msg = str(e.value)
+    assert msg.startswith("serve.engine: sglang server process exited with code 1 during startup: ValueError: ")
+    assert "'qwen3_asr' is already used" in msg and "Traceback" not in msg and "\n" not in msg
+    assert f"(log: {tmp_path / 'server.log'})" in msg
+    child = int(next(ln for ln in (tmp_path / "server.log").read_text().splitlines() if ln.startswith("child "))[6:])
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+
+
+def test_rejected_flag_is_the_engines_own_one_line_user_error(tmp_path: Path) -> None:
+    """An engine that exits 2 from its argument parser (vLLM's and SGLang's argparse) gives a UserError (the CLI's
+    one line and exit 2) carrying the parser's own message, not the INFO line before it."""
+    parser = (
+        "import argparse, sys; p = argparse.ArgumentParser(prog='launch_server.py'); "
+        "p.add_argument('--model-path'); print('INFO importing', flush=True); p.parse_args(sys.argv[1:])"
+    )
+    cfg = ServeConfig(
+        engine="sglang",
+        launcher=fake(parser),
+        max_model_len=None,
+        ready_timeout_s=60,
+        pin_server=False,
+        engine_args={"no-such-flag": 1},
+    )
+    with pytest.raises(server.UserError) as e:
+        server.acquire(cfg, "m", tmp_path / "server.log")
+    msg = str(e.value)
+    assert msg.startswith("serve.engine: sglang server process exited with code 2 during startup: launch_server.py: ")
+    assert "unrecognized arguments: --host 127.0.0.1" in msg and "--no-such-flag 1" in msg and "\n" not in msg
+
+
 def test_sweep_cache_reuses_until_the_launch_spec_changes(tmp_path: Path) -> None:
     scripts = tmp_path / "scripts.json"
     scripts.write_text(json.dumps([{"ttft_s": 0.01, "gaps_s": [0.01]}]))
@@ -194,3 +239,25 @@ def test_sampler_records_metrics_and_unavailable_nvml(tmp_path: Path) -> None:
     missing.start()
     missing.stop()
     assert telemetry.read_samples(tmp_path / "t2.jsonl")[0]["metrics"].startswith("unavailable")
+
+
+@pytest.mark.slow
+def test_sglang_metric_names_are_declared_by_sglang() -> None:
+    """Every ``sglang:`` name telemetry reads is declared by SGLang's own metrics collector (the sglang package
+    that `make setup-vllm` puts in <vLLM venv>/sglang-args): a histogram by its base name (``_sum``/``_count``
+    are its series), a counter by its ``_total`` name, a gauge as is."""
+    import re
+
+    from phase6.serving import engine_args
+
+    d = engine_args.sglang_args_dir()
+    if d is None:
+        pytest.skip(f"no sglang package in <vLLM venv>/{engine_args.SGLANG_ARGS_DIR} (make setup-vllm)")
+    declared: set[str] = set()
+    for f in (d / "sglang" / "srt").rglob("*.py"):
+        declared |= set(re.findall(r'name="(sglang:[a-z0-9_]+)"', f.read_text(errors="replace")))
+    assert len(declared) > 20, sorted(declared)  # the collector was found
+    ours = [n for names in telemetry.PROM_NAMES.values() for n in names if n.startswith("sglang:")]
+    missing = [n for n in ours if n not in declared and re.sub(r"_(sum|count)$", "", n) not in declared]
+    assert missing == [], missing
+    assert "sglang:num_retracted_reqs" not in ours  # a gauge: its delta is not a count of preemptions

@@ -86,6 +86,48 @@ def test_pack_unpack_roundtrip(tmp_path: Path) -> None:
         assert not (site / gone).exists(), gone
 
 
+def test_sglang_set_trims_sgl_kernel_to_sm90(tmp_path: Path) -> None:
+    """``--set sglang``: sglang-kernel keeps its sm90 ops and drops FA3, sm100, infllm, flashmla; xgrammar's static
+    library goes; the set needs an sglang wheel (a vLLM wheelhouse is refused) and records its name and rules."""
+    carry = _carry()
+    wh = tmp_path / "whl"
+    wh.mkdir()
+    _wheel(
+        wh / "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl",
+        {
+            "sgl_kernel/__init__.py": b"__version__ = '0.4.5'\n",
+            "sgl_kernel/sm90/common_ops.abi3.so": b"sm90" * 100,
+            "sgl_kernel/sm100/common_ops.abi3.so": b"sm100",
+            "sgl_kernel/flash_ops.abi3.so": b"fa3" * 1000,
+            "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so": b"inf",
+            "sgl_kernel/flashmla_ops.abi3.so": b"mla",
+            "sgl_kernel/flash_attn.py": b"# python side of fa3\n",
+        },
+    )
+    _wheel(wh / "xgrammar-0.2.1-cp312-cp312-manylinux_2_28_x86_64.whl", {"xgrammar/lib/libxgrammar.a": b"a" * 10})
+    with pytest.raises(SystemExit, match="no sglang wheel"):
+        carry["pack"](wh, tmp_path / "out0", 1.0, "sglang")
+    _wheel(wh / "sglang-0.5.16-py3-none-any.whl", {"sglang/__init__.py": b"", "sglang/version.py": b"v = 1\n"})
+    out = tmp_path / "out"
+    manifest = carry["pack"](wh, out, 1.0, "sglang")
+    assert manifest["set"] == "sglang" and manifest["trim"] == carry["SGLANG_TRIM"]
+    assert manifest["wheels"]["sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl"]["trimmed_bytes"] == 3011
+    site = tmp_path / "site"
+    assert carry["unpack"](out, tmp_path / "stage", site) == 0
+    assert (site / "sgl_kernel/sm90/common_ops.abi3.so").read_bytes() == b"sm90" * 100
+    assert (site / "sgl_kernel/flash_attn.py").is_file() and (site / "sglang/version.py").is_file()
+    for gone in (
+        "sgl_kernel/flash_ops.abi3.so",
+        "sgl_kernel/sm100",
+        "sgl_kernel/flashmla_ops.abi3.so",
+        "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so",
+        "xgrammar/lib/libxgrammar.a",
+    ):
+        assert not (site / gone).exists(), gone
+    with pytest.raises(SystemExit, match="no vllm wheel"):  # the default set still wants vLLM
+        carry["pack"](wh, tmp_path / "out1", 1.0)
+
+
 def test_unpack_rejects_corrupt_piece(tmp_path: Path) -> None:
     carry = _carry()
     wh = tmp_path / "whl"
@@ -156,3 +198,38 @@ def test_uncalibrated_prediction_equals_the_later_comparison(tmp_path: Path) -> 
             o["tpot_p50_ms_sim"],
             o["throughput_tok_s_sim"],
         )
+
+
+def test_sglang_trim_keeps_the_jit_headers_and_the_loaded_backends() -> None:
+    """The retry's trims (docs/benchmarks.md, issue 29, call E): flashinfer's header trees that flashinfer.jit.env
+    and sglang.jit_kernel.utils.deps put on the include path stay, their examples/tests/Python go; zstandard keeps
+    the C backend it loads and drops CFFI; SGLang's native gRPC server and the diffusion server go, its LLM server
+    stays; the set carries SGLang's transformers pin (the image's 5.17 breaks sglang.srt.configs at import)."""
+    carry = _carry()
+    trim = carry["SGLANG_TRIM"]
+    kept = (
+        "flashinfer/data/include/flashinfer/norm.cuh",
+        "flashinfer/data/csrc/norm.cu",
+        "flashinfer/data/cutlass/include/cute/tensor.hpp",
+        "flashinfer/data/cutlass/tools/util/include/cutlass/util/device_memory.h",
+        "flashinfer/data/cccl/libcudacxx/include/cuda/std/atomic",
+        "flashinfer/data/cccl/cub/cub/cub.cuh",
+        "flashinfer/data/cccl/thrust/thrust/copy.h",
+        "flashinfer/data/spdlog/include/spdlog/spdlog.h",
+        "zstandard/backend_c.cpython-312-x86_64-linux-gnu.so",
+        "sglang/srt/grpc/__init__.py",
+        "sglang/srt/entrypoints/http_server.py",
+        "sgl_kernel/sm90/common_ops.abi3.so",
+    )
+    dropped = (
+        "flashinfer/data/cutlass/examples/00_basic_gemm/basic_gemm.cu",
+        "flashinfer/data/cutlass/python/cutlass/__init__.py",
+        "flashinfer/data/cccl/python/cuda_cccl/tests/compute/test_scan.py",
+        "zstandard/_cffi.cpython-312-x86_64-linux-gnu.so",
+        "sglang/srt/grpc/_core.cpython-312-x86_64-linux-gnu.so",
+        "sglang/multimodal_gen/runtime/launch_server.py",
+    )
+    assert [p for p in kept if carry["trimmed"](p, trim)] == []
+    assert [p for p in dropped if not carry["trimmed"](p, trim)] == []
+    assert "transformers==5.12.1" in carry["SGLANG_WHEELS"] and "tokenizers==0.22.2" in carry["SGLANG_WHEELS"]
+    assert not any(w.startswith("llguidance") for w in carry["SGLANG_WHEELS"])

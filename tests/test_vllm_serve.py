@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import resource
 import subprocess
 from pathlib import Path
@@ -221,3 +222,38 @@ def test_a_vllm_server_started_with_an_api_key_is_benchmarked_with_it(
         assert key not in result.output
     finally:
         servers.stop_all()
+
+
+def test_tp4_row(tmp_path: Path) -> None:
+    """The launcher's TP=4 path executed (issue 29, item 6): a TP=4 vLLM on CPU (four workers on this box's cores)
+    through the CLI, launched with --tensor-parallel-size 4, one C=16 row measured with no failed request, tokens
+    checked against vLLM's own counter, and the whole process group gone after the run."""
+    d = tmp_path / "tp4"
+    result = CliRunner().invoke(
+        app,
+        [
+            "serve-bench",
+            "experiment=smoke_vllm",
+            "serve=vllm_tiny_tp4",
+            "load=smoke_vllm_c16",
+            "hydra.mode=RUN",
+            f"run.dir={d}",
+        ],
+    )
+    try:
+        assert result.exit_code == 0, result.output[-4000:]
+    finally:
+        servers.stop_all()
+    r = json.loads((d / "results.json").read_text())
+    (row,) = r["rows"]
+    assert row["engine"] == "vllm" and row["tp"] == 4 and row["concurrency"] == 16
+    assert row["failed"] == 0, r["details"].get("errors")
+    assert row["completed"] == r["details"]["planned"] and row["throughput_tok_s"] > 0
+    cmd = r["server"]["command"]
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "4"
+    assert r["server_metrics"]["delta"]["generation_tokens_total"] == r["details"]["output_tokens"]
+    log = (d / "server.log").read_text()
+    pids = {int(p) for p in re.findall(r"\((?:EngineCore|Worker)[^ ]* pid=(\d+)\)", log)}
+    assert pids, "no engine/worker pids in the server log"
+    alive = [p for p in pids if Path(f"/proc/{p}").exists()]
+    assert alive == [], f"vLLM processes left after the run: {alive}"

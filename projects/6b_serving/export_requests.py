@@ -16,6 +16,12 @@ requests are not in the file). vLLM's client then sends the same prompts and len
 ``--custom-output-len -1``: each line's own output length; ``--disable-shuffle``: the file's order). ``index.json``
 beside the files lists, per member, the file, request count, warm-up count, the sha256 of the request list as
 serve-bench records it, and the mean prompt/output lengths.
+
+``--sglang`` also writes ``sglang_c{C}.jsonl`` for ``python -m sglang.bench_serving --dataset-name custom``, whose
+loader takes a two-turn conversation and sets each request's output length to the token count of the second turn
+(it has no per-line length field): the answer is ``" the"`` repeated n times, which this tokenizer encodes as exactly n
+tokens (checked per line; a tokenizer that does not is an error). SGLang's loader shuffles the lines with its
+``--seed``: the same requests, in another order.
 """
 
 from __future__ import annotations
@@ -30,6 +36,21 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
 
+FILLER = " the"
+
+
+def sglang_lines(requests: list, tok: object) -> list[str]:
+    """One ``{"conversations": [user prompt, answer of exactly output_len tokens]}`` line per request."""
+    out = []
+    for r in requests:
+        answer = FILLER * r.output_len
+        n = len(tok.encode(answer))  # what sglang's custom loader counts (add_special_tokens left at its default)
+        if n != r.output_len:
+            raise ValueError(f"tokenizer encodes {FILLER!r} x {r.output_len} as {n} tokens, not {r.output_len}")
+        out.append(json.dumps({"conversations": [{"content": r.prompt}, {"content": answer}]}))
+    return out
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -37,6 +58,7 @@ def main(argv: list[str]) -> int:
     i = argv.index("--")
     p = argparse.ArgumentParser(prog="export_requests.py")
     p.add_argument("out", type=Path, help="directory for c{C}.jsonl files and index.json")
+    p.add_argument("--sglang", action="store_true", help="also sglang_c{C}.jsonl for sglang.bench_serving")
     a = p.parse_args(argv[:i])
     from transformers import AutoTokenizer
 
@@ -59,6 +81,13 @@ def main(argv: list[str]) -> int:
         path = a.out / f"c{cfg.load.concurrency}.jsonl"
         lines = [json.dumps({"prompt": r.prompt, "output_tokens": r.output_len}) for r in wl.requests]
         path.write_text("\n".join(lines) + "\n")
+        if a.sglang:
+            try:
+                conv = sglang_lines(wl.requests, tok)
+            except ValueError as e:
+                print(f"export_requests: error: {e}", file=sys.stderr)
+                return 2
+            (a.out / f"sglang_c{cfg.load.concurrency}.jsonl").write_text("\n".join(conv) + "\n")
         entry = {
             "file": path.name,
             "concurrency": cfg.load.concurrency,

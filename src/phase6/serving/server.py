@@ -169,6 +169,15 @@ def log_tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def engine_message(log_path: Path | None) -> str:
+    """The engine's own reason from its log: the last line that reads like an error, else the last line."""
+    lines = [ln.strip() for ln in log_tail(log_path, 60).splitlines() if ln.strip()] if log_path else []
+    lines = [ln for ln in lines if not ln.startswith("$ ")]  # our own command line, written first
+    errors = [ln for ln in lines if re.search(r"error|no such option|unrecognized|invalid|exception", ln, re.I)]
+    text = (errors or lines or ["(no output)"])[-1].strip("│|╭╰─ ")
+    return text[:300]
+
+
 def probe_ready(base_url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
     """(ready, detail): /health 200 (404 tolerated: not every server has it) and /v1/models lists a model; the
     probe sends the API key the benchmark sends ($OPENAI_API_KEY, phase6.serving.client.auth_headers)."""
@@ -248,6 +257,7 @@ class Server:
         while wall() - t0 < timeout_s:
             died = self.exited()
             if died:
+                self.stop()  # what the engine's leader left behind (e.g. SGLang's scheduler), before the error
                 raise UserError(
                     f"serve.engine: {self.engine} {died} during startup: {engine_message(self.log_path)} "
                     f"(log: {self.log_path})"
@@ -313,15 +323,6 @@ def check_port(host: str, port: int) -> None:
             s.bind((host, port))
         except OSError as e:
             raise UserError(f"serve.port: {host}:{port}: {e.strerror}; pick another port or leave it unset") from None
-
-
-def engine_message(log_path: Path | None) -> str:
-    """The engine's own reason from its log: the last line that reads like an error, else the last line."""
-    lines = [ln.strip() for ln in log_tail(log_path, 60).splitlines() if ln.strip()] if log_path else []
-    lines = [ln for ln in lines if not ln.startswith("$ ")]  # our own command line, written first
-    errors = [ln for ln in lines if re.search(r"error|no such option|unrecognized|invalid|exception", ln, re.I)]
-    text = (errors or lines or ["(no output)"])[-1].strip("│|╭╰─ ")
-    return text[:300]
 
 
 def launch(cfg: ServeConfig, model: str, log_path: Path, env: dict[str, str] | None = None) -> Server:

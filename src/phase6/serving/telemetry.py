@@ -36,7 +36,8 @@ PROM_NAMES: dict[str, tuple[str, ...]] = {
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
     "generation_tokens_total": ("vllm:generation_tokens_total", "sglang:generation_tokens_total"),
     "prompt_tokens_total": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"),
-    "preemptions_total": ("vllm:num_preemptions_total", "sglang:num_retracted_reqs"),
+    # SGLang: the counter (its gauge sglang:num_retracted_reqs is the current count, not a total)
+    "preemptions_total": ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total"),
     "queue_time_s_sum": ("vllm:request_queue_time_seconds_sum", "sglang:queue_time_seconds_sum"),
     "queue_time_s_count": ("vllm:request_queue_time_seconds_count", "sglang:queue_time_seconds_count"),
     "ttft_s_sum": ("vllm:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_sum"),
