@@ -261,3 +261,33 @@ def test_sglang_metric_names_are_declared_by_sglang() -> None:
     missing = [n for n in ours if n not in declared and re.sub(r"_(sum|count)$", "", n) not in declared]
     assert missing == [], missing
     assert "sglang:num_retracted_reqs" not in ours  # a gauge: its delta is not a count of preemptions
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_sigterm_to_phase6_stops_the_engine_it_launched(tmp_path: Path, pinned: bool) -> None:
+    """A phase6 process killed by SIGTERM (``timeout``, a scheduler) while its engine starts: the engine's process
+    group is stopped (finally/atexit run), not left holding the GPU as on the H200 retry of issue 29; exit 143."""
+    import signal
+    import subprocess
+
+    log = tmp_path / "server.log"
+    engine = "import os, time; print('engine', os.getpid(), flush=True); time.sleep(120)"
+    code = (
+        "import sys; from pathlib import Path; from phase6 import cli; from phase6.config.serve import ServeConfig; "
+        "from phase6.serving import server; cli.exit_on_sigterm(); "
+        f"cfg = ServeConfig(engine='vllm', launcher=[sys.executable, '-c', {engine!r}], ready_timeout_s=120, "
+        f"pin_server={pinned}); server.acquire(cfg, 'm', Path({str(log)!r}))"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code])
+    pid = None
+    t0 = time.perf_counter()
+    while pid is None and time.perf_counter() - t0 < 60:
+        lines = log.read_text().splitlines() if log.exists() else []
+        pid = next((int(ln.split()[1]) for ln in lines if ln.startswith("engine ")), None)
+        time.sleep(0.1)
+    assert pid is not None, "the fake engine never started"
+    os.kill(pid, 0)  # alive while phase6 waits for readiness
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

@@ -7,7 +7,9 @@ phase6 config pretrain experiment=smoke               # print the resolved, vali
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -287,7 +289,17 @@ def report(
         report_main(run_dirs, out)
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (a scheduler's preemption, ``timeout``, a cancelled job) ends phase6 as ``SystemExit(143)``, so the
+    ``finally`` blocks and ``atexit`` handlers run: an engine phase6 launched is stopped with its whole process
+    group instead of being orphaned holding the GPUs (seen on the H200: a killed serve-bench left SGLang with 124 GiB).
+    Python's default for SIGTERM is to die at once, running neither."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main(argv: list[str] | None = None) -> Any:
+    exit_on_sigterm()
     return app(args=argv if argv is not None else sys.argv[1:], prog_name="phase6")
 
 

@@ -417,7 +417,12 @@ def acquire(
     if cfg.pin_server:
         _CACHE[key] = srv
     if wait:
-        srv.wait_ready(cfg.ready_timeout_s)
+        try:
+            srv.wait_ready(cfg.ready_timeout_s)
+        except BaseException:  # SystemExit from SIGTERM, Ctrl-C: no caller holds this server yet to stop it
+            if _CACHE.get(key) is not srv:
+                srv.stop()
+            raise
     return srv, False
 
 

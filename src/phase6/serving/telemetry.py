@@ -43,8 +43,9 @@ PROM_NAMES: dict[str, tuple[str, ...]] = {
     "ttft_s_sum": ("vllm:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_sum"),
     "ttft_s_count": ("vllm:time_to_first_token_seconds_count", "sglang:time_to_first_token_seconds_count"),
     # the server's own decode timing (histograms: per-request TPOT; per-token ITL, vLLM's pre-0.11 name first)
-    "tpot_s_sum": ("vllm:request_time_per_output_token_seconds_sum", "sglang:time_per_output_token_seconds_sum"),
-    "tpot_s_count": ("vllm:request_time_per_output_token_seconds_count", "sglang:time_per_output_token_seconds_count"),
+    # (SGLang declares no per-request TPOT histogram: its server-side decode timing is the ITL one below)
+    "tpot_s_sum": ("vllm:request_time_per_output_token_seconds_sum",),
+    "tpot_s_count": ("vllm:request_time_per_output_token_seconds_count",),
     "itl_s_sum": (
         "vllm:inter_token_latency_seconds_sum",
         "vllm:time_per_output_token_seconds_sum",
