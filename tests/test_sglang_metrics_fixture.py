@@ -44,4 +44,6 @@ def test_values_read_back_are_the_generators_inputs() -> None:
         "queue_time_s_count": 1.0,
         "ttft_s_sum": x["ttft_s"],
         "ttft_s_count": 1.0,
+        "itl_s_sum": x["itl_interval_s"],  # SGLang adds the whole interval to _sum and one count per token
+        "itl_s_count": float(x["itl_tokens"]),
     }

@@ -31,6 +31,8 @@ INPUTS = {
     "waiting": 1,
     "token_usage": 0.25,
     "retracted": 1,
+    "itl_interval_s": 0.92,  # one decode interval that delivered itl_tokens tokens (SGLang divides it per token)
+    "itl_tokens": 92,
 }
 
 
@@ -54,6 +56,7 @@ def main(out: Path, model: str) -> None:
         tok_labels, INPUTS["prompt_tokens"], INPUTS["generation_tokens"], 0, 1.0, has_grammar=False
     )
     tok.observe_time_to_first_token(tok_labels, INPUTS["ttft_s"])
+    tok.observe_inter_token_latency(tok_labels, INPUTS["itl_interval_s"], INPUTS["itl_tokens"])
     sched_labels = {
         "model_name": "qwen2.5-14b-fullvocab",
         "engine_type": "unified",
