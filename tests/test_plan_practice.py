@@ -229,6 +229,24 @@ def test_memory_fit_recovers_a_known_activation_factor(tmp_path: Path) -> None:
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--smoke" in bad.stderr
 
 
+def test_memory_fit_refuses_to_write_a_group_it_never_measured(tmp_path: Path) -> None:
+    # a budget-cut run (the 2026-12-02 H200 run: 7 plain cases, no ZeRO-3 pair) must not become "measured" factors
+    data = _synthetic(1.1)
+    data["records"] = [r for r in data["records"] if not r["zero3"]]
+    p = tmp_path / "plan_memory.json"
+    p.write_text(json.dumps(data))
+    fit = [sys.executable, str(ROOT / "scripts/repro/plan_memory_fit.py"), str(p)]
+    env = {"PYTHONPATH": str(ROOT / "src")}
+    shown = subprocess.run(fit, capture_output=True, text=True, env=env, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    cal = json.loads(shown.stdout.split("fit (median measured/predicted): `")[1].split("`")[0])
+    assert cal["zero3_transient"] is None and cal["activations"]["none"] == 1.1
+    existed = memory_mod.MEMORY_CALIBRATION_PATH.exists()
+    bad = subprocess.run([*fit, "--write"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "zero3_transient" in bad.stderr
+    assert memory_mod.MEMORY_CALIBRATION_PATH.exists() == existed
+
+
 def test_serving_explain_carries_the_practice_comparison(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from phase6.cli import app
 from phase6.plan.memory import ParallelLayout
 from phase6.plan.recommend import TIE_TOLERANCE, order_layouts, simplicity
-from phase6.plan.validate import CASES_PATH, load_cases, validate
+from phase6.plan.validate import CASES_PATH, load_cases, render, validate
 
 runner = CliRunner()
 
@@ -57,10 +57,10 @@ def test_calibration_error_bounds(results) -> None:  # noqa: ANN001
 
 def test_published_layout_is_first_or_within_the_tie_tolerance(results) -> None:  # noqa: ANN001
     rows, _ = results
-    for r in rows:
+    for r in rows:  # calibration rows, nothing fixed: the planner's own choice
         if r.case.held_out:
             continue
-        assert r.rank == 1 or r.within_tie, (r.case.id, r.rank, r.best, r.predicted.step_time_s / r.best_time_s)
+        assert r.rank_free == 1 or r.within_tie_free, (r.case.id, r.rank_free, r.best_free)
 
 
 def test_held_out_cases_are_reported_and_do_not_regress(results) -> None:  # noqa: ANN001
@@ -68,13 +68,14 @@ def test_held_out_cases_are_reported_and_do_not_regress(results) -> None:  # noq
     held = [r for r in rows if r.case.held_out]
     assert len(held) >= 4 and summ["held_out"]["cases"] == len(held)
     # Issue 30's targets (docs/cost_model.md §9): 22 rows, mean <= 12%, max <= 25%, the published layout first or tied
-    # in >= 18 with each row asked as its experiment fixes it (fixed:), no row removed or moved. History: first pass
-    # 30.6% / 70.8% / 14; issue 21 17.3% / 36.3% / 13; issue 30 9.8% / 22.7% / 21 (10 with nothing fixed).
+    # in >= 18 with NOTHING fixed (the planner's own choice), no row removed or moved. Not met on the choice: these
+    # guard today's numbers against regressions. History (first or tied, nothing fixed): first pass 14; issue 21 13;
+    # issue 30 first round 12, second round 10 (mean 30.6% -> 17.3% -> 15.8% -> 9.76%, max 70.8% -> 22.7%).
     errs = [abs(r.ratio - 1) for r in held]
     assert len(held) == 22
-    assert statistics.mean(errs) <= 0.12 and max(errs) <= 0.25, [(r.case.id, round(r.ratio, 3)) for r in held]
-    assert sum(1 for r in held if r.rank == 1 or r.within_tie) >= 18
-    assert summ["held_out"]["first_or_tied_nothing_fixed"] >= 10  # reported beside it, guarded against regressions
+    free = sum(1 for r in held if r.rank_free == 1 or r.within_tie_free)
+    assert free >= 10 and summ["held_out"]["first_or_tied_nothing_fixed"] == free
+    assert statistics.mean(errs) <= 0.0976 and max(errs) <= 0.2271, [(r.case.id, round(r.ratio, 3)) for r in held]
     # The AsyncTP rows: the predicted gain of async over vanilla TP stays near the published 1.09-1.10x (June 2025),
     # not the ~1.35x of hiding every TP collective.
     by_id = {r.case.id: r for r in held}
@@ -83,6 +84,23 @@ def test_held_out_cases_are_reported_and_do_not_regress(results) -> None:  # noq
         asy = by_id[f"torchtitan-llama3.1-{size}-tp8-bf16-asynctp-2025"]
         gain = asy.predicted_tps / van.predicted_tps
         assert 1.0 < gain < 1.2, (size, gain, asy.published_tps / van.published_tps)
+
+
+def test_the_fixed_sizes_counts_are_diagnostics_printed_after_the_headline(results) -> None:  # noqa: ANN001
+    rows, summ = results
+    held = [r for r in rows if r.case.held_out]
+    g = summ["held_out"]
+    # narrowing the question can only help the published layout: fixed sizes >= DP-only >= nothing fixed
+    assert g["diagnostic_first_or_tied_given_fixed_sizes"] >= g["diagnostic_first_or_tied_dp_fixed_only"]
+    assert g["diagnostic_first_or_tied_dp_fixed_only"] >= g["first_or_tied_nothing_fixed"]
+    assert g["diagnostic_first_or_tied_given_fixed_sizes"] == sum(1 for r in held if r.rank == 1 or r.within_tie)
+    for r in held:  # a row without a fixed DP asks the free question when only DP is kept
+        if "dp" not in r.case.fixed:
+            assert (r.rank_dp_fixed, r.within_tie_dp_fixed) == (r.rank_free, r.within_tie_free), r.case.id
+    text = render(rows, summ)
+    head = text.index("held_out: first or tied (nothing fixed): ")
+    assert head < text.index("diagnostic, given the sizes the published experiment fixed") < text.index("- held_out:")
+    assert list(g)[:2] == ["cases", "first_or_tied_nothing_fixed"]
 
 
 def test_tie_break_prefers_fewer_model_parallel_dims_then_smaller_pp() -> None:

@@ -23,6 +23,15 @@ Measured per case: parameter bytes, bytes saved for backward (allocated after fo
 peak reserved over forward+backward (torch.cuda.max_memory_{allocated,reserved} after a reset and empty_cache). An
 out-of-memory case is recorded as OOM and the sweep goes on; cases that would start past ``--budget-s`` are recorded
 as skipped (budget). Memory does not depend on timing, so each case runs once (after one small warm-up case).
+Cases run cheapest first (``case_cost``; the table keeps its order), so a budget cut drops the largest shapes.
+
+Time per case: the weights are created and initialised on the GPU. The first H200 run (2026-12-02 01:07 UTC) built
+them on the CPU (bf16 ``normal_`` then ``.to(cuda)``): 7 cases in 88.6 s, 25-28 s per 1e9 parameters in every case
+whatever the AC mode (full AC does 1/3 more GEMM work and took no longer), while the step of the largest of them
+(8B TP1, 6.5e8 parameters) is ~0.1 s of GEMMs. Predicted now: GEMMs ~ 6-8 x rank params x 8192 tokens at ~600
+TFLOP/s = 0.01-1.1 s per case (405B TP1 full the largest), plus ~0.05 s of device init / cudaMalloc after the
+per-case empty_cache; ~15 s of compute for all 72, ~20-35 s with CUDA start-up. ``init_s`` and ``step_s`` per case
+are in the JSON so the next run shows where its time went.
 
 Device command (from the repo root of a checkout; writes plan_memory.json + plan_memory.md to $OUT, prints the table):
     timeout 100 python3 scripts/repro/h200_plan_memory.py --out "$OUT" --budget-s 85
@@ -93,11 +102,13 @@ class Block(torch.nn.Module):
         self.tp, self.seq = tp, seq
         self.hq, self.hkv = shape["heads"] // tp, max(1, shape["kv_heads"] // tp)
         self.d, self.f = d, shape["ffn"] // tp
-        mk = lambda *s: torch.nn.Parameter(torch.empty(*s, dtype=torch.bfloat16).normal_(0, 0.02))  # noqa: E731
-        self.attn_norm = torch.nn.Parameter(torch.ones(h, dtype=torch.bfloat16))
+        # Created and initialised on the device: the 2026-12-02 01:07 run built them on the CPU (normal_ on bf16 CPU
+        # tensors, then .to(cuda)), ~25 s per 1e9 parameters, which was its whole ~12 s/case (the step is < 1 s).
+        mk = lambda *s: torch.nn.Parameter(torch.empty(*s, dtype=torch.bfloat16, device=DEV).normal_(0, 0.02))  # noqa: E731
+        self.attn_norm = torch.nn.Parameter(torch.ones(h, dtype=torch.bfloat16, device=DEV))
         self.wqkv = mk((self.hq + 2 * self.hkv) * d, h)
         self.wo = mk(h, self.hq * d)
-        self.mlp_norm = torch.nn.Parameter(torch.ones(h, dtype=torch.bfloat16))
+        self.mlp_norm = torch.nn.Parameter(torch.ones(h, dtype=torch.bfloat16, device=DEV))
         self.w13 = mk(2 * self.f, h)
         self.w2 = mk(h, self.f)
 
@@ -251,11 +262,14 @@ def run_case(model: str, tp: int, ac: str, zero3: bool, layers: int, seq: int, d
     MEM.empty_cache()
     base = MEM.memory_allocated()
     try:
-        blocks = [Block(shape, tp, seq).to(DEV) for _ in range(layers)]
+        t_init = time.monotonic()
+        blocks = [Block(shape, tp, seq) for _ in range(layers)]
         rec["param_bytes_per_layer"] = sum(p.numel() * 2 for p in blocks[0].parameters())
         if zero3:
             z3 = Zero3(blocks, dp)
         MEM.synchronize()
+        rec["init_s"] = round(time.monotonic() - t_init, 3)
+        t_step = time.monotonic()
         x = torch.randn(seq // tp, shape["hidden"], dtype=torch.bfloat16, device=DEV, requires_grad=True)
         g_out = torch.randn_like(x)
         MEM.empty_cache()
@@ -278,6 +292,7 @@ def run_case(model: str, tp: int, ac: str, zero3: bool, layers: int, seq: int, d
             z3._gather(layers - 1)  # FSDP2 keeps the root's last block; its output hook may not fire on the root
         h.backward(g_out)
         MEM.synchronize()
+        rec["step_s"] = round(time.monotonic() - t_step, 3)
         rec["peak_allocated_bytes"] = MEM.max_memory_allocated() - base
         rec["peak_reserved_bytes"] = MEM.max_memory_reserved()
         rec["after_bytes"] = MEM.memory_allocated() - base  # params + grads (or shards) + input grad
@@ -304,6 +319,16 @@ def cases(layers: int, names: list[str]) -> list[tuple]:
                 for ac in ("none", "selective", "full"):
                     out.append((model, tp, ac, zero3, layers))
     return out
+
+
+def case_cost(case: tuple) -> tuple:
+    """Run order: the step's GEMM work is ~6 x (params of one TP rank's blocks) x seq, so cheapest first; a ZeRO-3 case
+    right after its plain twin (the fit compares the two). If the budget bites, the largest shapes are the ones cut."""
+    model, tp, ac, zero3, layers = case
+    sh = {**MODELS, **SMOKE_MODELS}[model]
+    h, d, hq, hkv, f = sh["hidden"], sh["head_dim"], sh["heads"] // tp, max(1, sh["kv_heads"] // tp), sh["ffn"] // tp
+    params = layers * (h * d * (2 * hq + 2 * hkv) + 3 * h * f)
+    return (params * {"none": 6, "selective": 7, "full": 8}[ac], zero3)
 
 
 def table(records: list[dict]) -> str:
@@ -354,17 +379,18 @@ def main(argv: list[str]) -> int:
     names = list(SMOKE_MODELS) if a.smoke else list(MODELS)
     warm = run_case(names[0], 8 if not a.smoke else 2, "selective", False, 1, 1024 if not a.smoke else 64, a.dp)
     meta["warmup_status"] = warm["status"]
-    records = []
-    for c in cases(a.layers, names):
+    todo = cases(a.layers, names)
+    records: list[dict] = [{}] * len(todo)  # written in the table's order, run cheapest first
+    for i in sorted(range(len(todo)), key=lambda j: case_cost(todo[j])):
+        c = todo[i]
         if time.monotonic() - t0 > a.budget_s:
-            records.append(
-                {"model": c[0], "tp": c[1], "ac": c[2], "zero3": c[3], "layers": c[4], "status": "skipped (budget)"}
-            )
+            records[i] = {"model": c[0], "tp": c[1], "ac": c[2], "zero3": c[3], "layers": c[4]}
+            records[i]["status"] = "skipped (budget)"
             continue
         t = time.monotonic()
         r = run_case(*c, seq=a.seq, dp=a.dp)
         r["wall_s"] = round(time.monotonic() - t, 2)
-        records.append(r)
+        records[i] = r
     meta["gqa_mode"] = GQA_MODE["mode"]
     meta["wall_s"] = round(time.monotonic() - t0, 1)
     meta["note"] = "bytes are relative to the allocation before the case; peak_reserved_bytes is torch's whole pool"

@@ -10,7 +10,9 @@ three term groups, then the factors the planner applies (phase6.plan.memory.memo
   keeps (all layers) and minus the 1/dp shards, vs the planner's gathered-layer term: layer params x (2 x 2 B + 4 B);
 - allocator reserve: (peak reserved - peak allocated) / the dynamic bytes (peak allocated - resident).
 The factor of a group is the median measured/predicted over its cases; ``--write`` stores them in
-src/phase6/plan/memory_calibration.json (the planner then reports its memory term as measured on a GPU).
+src/phase6/plan/memory_calibration.json (the planner then reports its memory term as measured on a GPU). ``--write``
+is refused (exit 2, nothing written) when a group has no measured case (e.g. a partial, budget-cut run without
+ZeRO-3 pairs); whether a complete fit is meaningful is for the reader of the table to judge, see the section.
 
     python scripts/repro/plan_memory_fit.py RESULTS/plan_memory.json [--write] [--md OUT.md]
 """
@@ -117,8 +119,8 @@ def fit(records: list[dict]) -> tuple[list[dict], dict]:
     cal = {
         "source": "scripts/repro/h200_plan_memory.py on one H200, fitted by scripts/repro/plan_memory_fit.py",
         "activations": {k: med(ratios[k]) for k in ("none", "selective", "full") if ratios[k]},
-        "zero3_transient": med(ratios["zero3"]) or 1.0,
-        "reserve_fraction": med(ratios["reserve"]) or 0.0,
+        "zero3_transient": med(ratios["zero3"]),  # None: no ZeRO-3 pair measured (never shown as a fitted 1.0)
+        "reserve_fraction": med(ratios["reserve"]),
         "cases": len(ok),
         "within_10pct": {  # share of cases whose formula (as is) is within 10% of the measurement
             k: round(sum(1 for x in ratios[k] if abs(x - 1) <= 0.10) / len(ratios[k]), 3) if ratios[k] else None
@@ -171,6 +173,11 @@ def main(argv: list[str]) -> int:
         if data.get("meta", {}).get("smoke"):
             raise ValueError(f"{p}: a --smoke run (CPU logic check) has no memory numbers to fit")
         rows, cal = fit(data["records"])
+        if a.write:
+            missing = [g for g in ("none", "selective", "full") if g not in cal["activations"]]
+            missing += [g for g in ("zero3_transient", "reserve_fraction") if cal[g] is None]
+            if missing:  # the planner would report an unmeasured term as measured on a GPU
+                raise ValueError(f"{p}: --write refused, no measured case for {', '.join(missing)}; nothing written")
     except (ValueError, KeyError, json.JSONDecodeError) as e:
         print(f"plan_memory_fit: {e}", file=sys.stderr)
         return 2
