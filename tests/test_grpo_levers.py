@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_grpo_train as grpo_train
 import torch
-from datasets import Dataset
 from transformers import AutoModelForCausalLM
-from trl import GRPOConfig
 
 from phase6.posttrain import grpo_timing as T
 from phase6.posttrain.grpo_trainer import (
@@ -34,59 +33,22 @@ from phase6.posttrain.grpo_trainer import (
     bucket_order,
     trim_padding,
 )
-from phase6.posttrain.tiny import build_tiny_model, build_tiny_tokenizer
-from phase6.rollout.hf import HFEngine
-from phase6.tasks.digits import digit_reward, digit_rows, tokenizer_corpus
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    d = tmp_path_factory.mktemp("tiny_levers")
-    tok = build_tiny_tokenizer(tokenizer_corpus(), vocab_size=300)
-    build_tiny_model(tok, seed=0).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d, tok
+    return grpo_train.tiny_model_dir(tmp_path_factory.mktemp("tiny_levers"))
 
 
 def make_trainer(model_dir: tuple[Path, Any], tmp_path: Path, steps: int, **kw: Any) -> EngineGRPOTrainer:
-    path, tok = model_dir
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        gradient_accumulation_steps=4,  # 4 prompts x 8 = 32 rows in 4 micro-batches
-        num_generations=8,
-        max_completion_length=12,
-        learning_rate=1e-1,
-        lr_scheduler_type="constant",
-        optim="sgd",
-        max_steps=steps,
-        beta=0.0,
-        temperature=1.0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        seed=0,
-        disable_tqdm=True,
-    )
-
-    def build(trainer: Any) -> HFEngine:
-        return HFEngine(
-            AutoModelForCausalLM.from_pretrained(path), tok.pad_token_id, [tok.eos_token_id], pad_to_multiple=8
-        )
-
-    return EngineGRPOTrainer(
-        model=str(path),
-        reward_funcs=[digit_reward],
-        args=args,
-        train_dataset=Dataset.from_list(digit_rows(400, seed=0)),
-        processing_class=tok,
-        engine_builder=build,
-        **kw,
+    """tests/test_grpo_train.py's trainer at this file's shape: 4 prompts x 8 = 32 rows in 4 micro-batches of 8,
+    12 new tokens, plain SGD at 0.1, the trainer's own lever defaults (length buckets on)."""
+    batch = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "max_completion_length": 12}
+    kw.setdefault("length_buckets", True)
+    return grpo_train.make_trainer(
+        model_dir, tmp_path, steps, 1e-1, num_rows=400, batch={**batch, "optim": "sgd"}, **kw
     )
 
 

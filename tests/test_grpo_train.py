@@ -28,24 +28,38 @@ from phase6.tasks.digits import digit_reward, digit_rows, tokenizer_corpus
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    d = tmp_path_factory.mktemp("tiny_grpo")
+def tiny_model_dir(d: Path) -> tuple[Path, Any]:
+    """The tiny model and tokenizer saved in ``d`` (the trainer loads the policy by path)."""
     tok = build_tiny_tokenizer(tokenizer_corpus(), vocab_size=300)
     build_tiny_model(tok, seed=0).save_pretrained(d)
     tok.save_pretrained(d)
     return d, tok
 
 
-def make_trainer(model_dir: tuple[Path, Any], tmp_path: Path, steps: int, lr: float, **kw: Any) -> EngineGRPOTrainer:
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny_grpo"))
+
+
+def make_trainer(
+    model_dir: tuple[Path, Any],
+    tmp_path: Path,
+    steps: int,
+    lr: float,
+    *,
+    num_rows: int = 4000,
+    batch: dict[str, Any] | None = None,
+    **kw: Any,
+) -> EngineGRPOTrainer:
+    """The tiny GRPO trainer of these tests (tests/test_grpo_levers.py builds its own shape through ``batch``:
+    GRPOConfig fields that replace the defaults below)."""
     path, tok = model_dir
+    shape = {"per_device_train_batch_size": 32, "gradient_accumulation_steps": 1, "max_completion_length": 8}
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=32,
-        gradient_accumulation_steps=1,
         num_generations=8,
-        max_completion_length=8,
         learning_rate=lr,
+        **{**shape, **(batch or {})},
         lr_scheduler_type="constant",
         max_steps=steps,
         beta=0.0,
@@ -72,7 +86,7 @@ def make_trainer(model_dir: tuple[Path, Any], tmp_path: Path, steps: int, lr: fl
         model=str(path),
         reward_funcs=[digit_reward],
         args=args,
-        train_dataset=Dataset.from_list(digit_rows(4000, seed=0)),
+        train_dataset=Dataset.from_list(digit_rows(num_rows, seed=0)),
         processing_class=tok,
         engine_builder=build,
         **kw,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from test_scripts import sections_of  # the one markdown section parser of the doc tests
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results.md"
 JOURNAL = REPO / "docs" / "benchmarks.md"
@@ -20,22 +22,14 @@ def anchor(heading: str) -> str:
 
 
 def journal_sections(text: str) -> dict[str, str]:
-    """anchor -> the section's text (heading to the next heading of the same or a higher level); code fences are
-    not headings; a repeated anchor gets GitHub's -1, -2 suffix."""
-    lines = text.splitlines()
-    heads, fence = [], False
-    for i, line in enumerate(lines):
-        if line.startswith("```"):
-            fence = not fence
-        elif not fence and (m := re.match(r"^(#+) (.*)", line)):
-            heads.append((i, len(m.group(1)), m.group(2)))
+    """anchor -> the section's text (tests/test_scripts.py's sections: heading to the next heading of the same or a
+    higher level, code fences not headings); a repeated anchor gets GitHub's -1, -2 suffix."""
     out: dict[str, str] = {}
-    for k, (i, level, title) in enumerate(heads):
-        end = next((j for j, lv, _ in heads[k + 1 :] if lv <= level), len(lines))
+    for _, title, body in sections_of(text):
         base, n = anchor(title), 0
         while (a := base if n == 0 else f"{base}-{n}") in out:
             n += 1
-        out[a] = "\n".join(lines[i:end])
+        out[a] = body
     return out
 
 

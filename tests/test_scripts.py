@@ -20,7 +20,12 @@ OTHER_REPOS = {"src/phase6/plan/published_runs.yaml"}  # cites karpathy/llm.c's 
 
 def sections(md: Path) -> list[tuple[int, str, str]]:
     """(level, heading text, body up to the next heading of the same or a higher level), code fences skipped."""
-    lines = md.read_text().splitlines()
+    return sections_of(md.read_text())
+
+
+def sections_of(text: str) -> list[tuple[int, str, str]]:
+    """``sections`` of a markdown text (tests/test_results_doc.py reads the journal's anchors through it)."""
+    lines = text.splitlines()
     heads, fence = [], False
     for i, line in enumerate(lines):
         if line.startswith("```"):

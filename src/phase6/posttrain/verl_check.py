@@ -12,9 +12,7 @@ on given completions. What each step runs: the probe's docstring.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -63,19 +61,7 @@ def check_many(jobs: list[dict[str, Any]], python: str | None = None, timeout_s:
         raise RuntimeError(skip_reason())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(d), str(SRC)]), "VERL_USE_EXTERNAL_PLUGINS": "none"}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    proc = subprocess.run(
-        [py, str(PROBE)],
-        input=json.dumps(jobs),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout_s,
-        check=False,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("PHASE6_RESULT "):
-            return json.loads(line.removeprefix("PHASE6_RESULT "))
-    raise RuntimeError(f"verl probe failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
+    return vllm_env.run_json_child([py, str(PROBE)], jobs, env, timeout_s, "verl probe failed")
 
 
 def check(

@@ -15,9 +15,7 @@ would accept it at launch).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 from phase6.serving import vllm_env
@@ -87,16 +85,6 @@ def check(engine: str, argvs: list[list[str]], python: str | None = None, timeou
                 f"no SGLang argument module: `make setup-vllm` installs it into <vLLM venv>/{SGLANG_ARGS_DIR}"
             )
         env["PYTHONPATH"] = str(d)
-    proc = subprocess.run(
-        [py, "-c", _CHILD, engine],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout_s,
-        check=False,
+    return vllm_env.run_json_child(
+        [py, "-c", _CHILD, engine], argvs, env, timeout_s, f"{engine} argument parser did not load"
     )
-    for line in proc.stdout.splitlines():
-        if line.startswith("PHASE6_RESULT "):
-            return json.loads(line.removeprefix("PHASE6_RESULT "))
-    raise RuntimeError(f"{engine} argument parser did not load (exit {proc.returncode}): {proc.stderr[-2000:]}")

@@ -13,12 +13,17 @@ one process) run from that interpreter.
   ``main`` from ``vllm.benchmarks.serve``, which is all the subcommand does. Not ``-m vllm.entrypoints.cli.main``:
   that module asks for the ``vllm`` distribution's version while building its parser and dies the same way.
 - ``skip_reason()``: the one line a test prints when there is no vLLM environment.
+- ``run_json_child()``: run a child of that environment with a JSON payload on stdin and read its one result line
+  (the engine flag parsers and the verl checks load third-party code there, never in phase6's own process).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
 ENV_VAR = "PHASE6_VLLM_PYTHON"
 VENV_DIR = ".venv-vllm"
@@ -58,3 +63,19 @@ def vllm_bench_command(python: str | None = None) -> list[str] | None:
 
 def skip_reason() -> str:
     return f"no vLLM environment: run `make setup-vllm` (creates {VENV_DIR}) or set {ENV_VAR}"
+
+
+RESULT_PREFIX = "PHASE6_RESULT "
+"""The line a child writes its JSON result on (anything else on stdout is the child's libraries talking)."""
+
+
+def run_json_child(argv: list[str], payload: Any, env: dict[str, str], timeout_s: float, failure: str) -> Any:
+    """Run ``argv`` with ``payload`` as JSON on stdin; the JSON of its ``PHASE6_RESULT`` line. A child that writes
+    none raises RuntimeError: ``failure``, the exit code and the tail of its stderr."""
+    proc = subprocess.run(
+        argv, input=json.dumps(payload), capture_output=True, text=True, env=env, timeout=timeout_s, check=False
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line.removeprefix(RESULT_PREFIX))
+    raise RuntimeError(f"{failure} (exit {proc.returncode}): {proc.stderr[-3000:]}")
