@@ -24,7 +24,7 @@ from phase6.config.plan import PlanConfig
 from phase6.plan.memory import GIB, ParallelLayout, TrainSetup, memory_calibration
 from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile
-from phase6.plan.recommend import TIE_TOLERANCE, tp_ok
+from phase6.plan.recommend import TIE_TOLERANCE, tp_ok, train_setup
 from phase6.plan.train import StepPrediction, predict_train_step
 
 MEASURED, FITTED, DATASHEET = "measured on a GPU", "fitted on published runs", "datasheet only"
@@ -123,23 +123,8 @@ def _setup(plan: PlanConfig, ac: str, pp: int, model: ModelSpec, lay: ParallelLa
     seqs = plan.global_batch_tokens / plan.seq_len
     m = max(1, -(-int(seqs) // (lay.dp * plan.micro_batch_size)))
     interleave = pp > 1 and model.num_layers >= 2 * pp and m % pp == 0
-    return TrainSetup(
-        seq_len=plan.seq_len,
-        global_batch_tokens=plan.global_batch_tokens,
-        micro_batch_size=plan.micro_batch_size,
-        zero=0 if plan.optimizer == "muon" else (plan.zero if plan.zero is not None else 3),
-        activation_checkpointing=ac == "full",
-        selective_ac=ac == "selective",
-        pp_schedule="interleaved" if interleave else "1f1b",
-        virtual_stages=2,
-        grad_reduce_bytes=plan.grad_reduce_bytes,
-        fp8=plan.fp8,
-        fused_elementwise=plan.fused_elementwise,
-        tp_comm_overlap=plan.tp_comm_overlap,
-        activation_layout=plan.activation_layout,
-        fp32_grad_accumulation=plan.fp32_grad_accumulation,
-        optimizer=plan.optimizer,
-    )
+    zero = 0 if plan.optimizer == "muon" else (plan.zero if plan.zero is not None else 3)
+    return train_setup(plan, zero, ac, "interleaved" if interleave else "1f1b", 2)
 
 
 def practice_ac(model: ModelSpec) -> list[str]:

@@ -176,6 +176,29 @@ def schedule_label(setup: TrainSetup, pp: int) -> str:
     return f"interleaved v={setup.virtual_stages}" if setup.pp_schedule == "interleaved" else setup.pp_schedule
 
 
+def train_setup(plan: PlanConfig, zero: int, ac: str, pp_schedule: str, virtual_stages: int) -> TrainSetup:
+    """One candidate's TrainSetup: the plan's batch, precision and framework setup with this ZeRO stage,
+    recompute (``none`` / ``selective`` / ``full``) and pipeline schedule (practice.py builds the practice layout's
+    through it too)."""
+    return TrainSetup(
+        seq_len=plan.seq_len,
+        global_batch_tokens=plan.global_batch_tokens,
+        micro_batch_size=plan.micro_batch_size,
+        zero=zero,
+        activation_checkpointing=ac == "full",
+        selective_ac=ac == "selective",
+        pp_schedule=pp_schedule,
+        virtual_stages=virtual_stages,
+        grad_reduce_bytes=plan.grad_reduce_bytes,
+        fp8=plan.fp8,
+        fused_elementwise=plan.fused_elementwise,
+        tp_comm_overlap=plan.tp_comm_overlap,
+        activation_layout=plan.activation_layout,
+        fp32_grad_accumulation=plan.fp32_grad_accumulation,
+        optimizer=plan.optimizer,
+    )
+
+
 def train_candidates(
     model: ModelSpec, lay: ParallelLayout, plan: PlanConfig, profile: HardwareProfile, mfu: float
 ) -> list[StepPrediction]:
@@ -188,23 +211,7 @@ def train_candidates(
     }[plan.activation_checkpointing]
     out = []
     for zero, ac, (sched, v) in itertools.product(zeros, acs, schedules(model, lay, plan)):
-        setup = TrainSetup(
-            seq_len=plan.seq_len,
-            global_batch_tokens=plan.global_batch_tokens,
-            micro_batch_size=plan.micro_batch_size,
-            zero=zero,
-            activation_checkpointing=ac == "full",
-            selective_ac=ac == "selective",
-            pp_schedule=sched,
-            virtual_stages=v if sched == "interleaved" else plan.virtual_stages,
-            grad_reduce_bytes=plan.grad_reduce_bytes,
-            fp8=plan.fp8,
-            fused_elementwise=plan.fused_elementwise,
-            tp_comm_overlap=plan.tp_comm_overlap,
-            activation_layout=plan.activation_layout,
-            fp32_grad_accumulation=plan.fp32_grad_accumulation,
-            optimizer=plan.optimizer,
-        )
+        setup = train_setup(plan, zero, ac, sched, v if sched == "interleaved" else plan.virtual_stages)
         out.append(predict_train_step(model, lay, setup, profile, mfu, plan.efficiency.runtime_overhead_gib))
     return out
 
