@@ -45,7 +45,7 @@ OVERLAP_COMPUTE_SLOWDOWN = 0.189
 # CP 2/4/8 at 64K/128K/256K, benchmarks/llama3_h100_202412_torchtitan.md Table 2; each names this constant in its
 # source), after the merge traffic (``cp_merge_bytes``): least squares in log(predicted/published) over the three rows.
 # Those rows stay in validate's held-out set, reported with this fit named; nothing else enters it.
-CP_RING_STEP_EFFICIENCY = 0.84
+CP_RING_STEP_EFFICIENCY = 0.845
 
 # Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at GPT-2 124M) and come with ~10 elementwise kernels per
 # matrix. Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon
@@ -314,11 +314,15 @@ def cp_merge_bytes(model: ModelSpec, cp: int, tp: int, fwd_passes: int, setup: T
 
     "torch" ring (torch.distributed.tensor.experimental._attention ``_templated_ring_attention`` and its backward,
     as torchtitan runs it), counted from that code, kv = ``cp_kv_width``:
-    - forward, per pass: the merges as above, key/value ``.contiguous()`` (read + write 2 kv x 2 B = 8 kv) and the
-      ``torch.cat([key, value])`` of the rotation buffer at each of the cp-1 steps that send (8 kv each);
+    - forward, per pass: the merges as above, the first step's output cast to fp32 and the result's cast back (6 q
+      each), key/value ``.contiguous()`` (read + write 2 kv x 2 B = 8 kv) and the ``torch.cat([key, value])`` of the
+      rotation buffer at each of the cp-1 steps that send (8 kv each);
     - backward: fp32 zeros for dQ, dK, dV (4 q + 8 kv), the contiguous and cp-1 cat copies of K/V (8 kv each), dQ
       accumulated at all cp steps (10 q each, step 0 included), dK/dV accumulated (20 kv each) and cat into the fp32
-      send buffer (read + write 2 kv x 4 B = 16 kv) at all cp steps, the final casts of dQ (6 q) and dK/dV (12 kv).
+      send buffer (read + write 2 kv x 4 B = 16 kv) at all cp steps, the final casts of dQ (6 q) and dK/dV (12 kv);
+    - ``_partial_update`` on the load-balanced half steps (on average (cp-1)/2 per rank for dQ and for dK/dV): the
+      half is added in place (5 q, 10 kv) and the whole fp32 buffer is rebuilt by torch.cat (8 q, 16 kv) instead of
+      a full add (10 q, 20 kv): +3 q and +6 kv each.
     """
     if cp <= 1:
         return 0.0
@@ -326,8 +330,9 @@ def cp_merge_bytes(model: ModelSpec, cp: int, tp: int, fwd_passes: int, setup: T
     kv = cp_kv_width(model, setup)
     if setup is None or setup.cp_ring == "p2p":
         return (cp - 1) * (fwd_passes * 38.0 * q + 10.0 * q + 20.0 * kv) / tp
-    fwd = fwd_passes * ((cp - 1) * (38.0 * q + 8.0 * kv) + 8.0 * kv)
+    fwd = fwd_passes * ((cp - 1) * (38.0 * q + 8.0 * kv) + 12.0 * q + 8.0 * kv)
     bwd = (4.0 * q + 8.0 * kv) + 8.0 * cp * kv + cp * (10.0 * q + 36.0 * kv) + 6.0 * q + 12.0 * kv
+    bwd += (cp - 1) / 2 * (3.0 * q + 6.0 * kv)
     return (fwd + bwd) / tp
 
 
