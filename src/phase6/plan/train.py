@@ -688,8 +688,17 @@ def predict_train_step(
         for params, n_ranks in ((dense, shard), (expert, expert_shard)):
             if params <= 0 or n_ranks <= 1:
                 continue
+            # Each collective runs as k NCCL calls, each paying its own base latency and ring steps (alpha): ZeRO-3
+            # (FSDP2) one per block, ZeRO 0-2 one per gradient bucket of max(40M, 1M x DP) parameters (Megatron
+            # DistributedDataParallel's default bucket_size).
+            k = layers if setup.zero == 3 else max(1, math.ceil(params / max(40e6, 1e6 * n_ranks)))
+
+            def pieces(fn: Any, size: float, n_r: int = n_ranks, k: int = k) -> float:
+                return k * fn(size / k, n_r, f)
+
             if setup.zero == 0:
-                t, algo = comm.all_reduce_time(params * g, n_ranks, f)
+                t1, algo = comm.all_reduce_time(params * g / k, n_ranks, f)
+                t = k * t1
                 terms.append(
                     (f"grad all-reduce ({algo})", t, comm.ring_all_reduce_bytes(params * g, n_ranks), 1, params * g)
                 )
@@ -697,7 +706,7 @@ def predict_train_step(
                 terms.append(
                     (
                         "grad reduce-scatter",
-                        comm.reduce_scatter_time(params * g, n_ranks, f),
+                        pieces(comm.reduce_scatter_time, params * g),
                         comm.reduce_scatter_bytes(params * g, n_ranks),
                         1,
                         params * g,
@@ -706,7 +715,7 @@ def predict_train_step(
                 terms.append(
                     (
                         "param all-gather",
-                        comm.all_gather_time(params * 2, n_ranks, f),
+                        pieces(comm.all_gather_time, params * 2),
                         comm.all_gather_bytes(params * 2, n_ranks),
                         1,
                         params * 2,
@@ -716,7 +725,7 @@ def predict_train_step(
                 terms.append(
                     (
                         "param all-gather",
-                        comm.all_gather_time(params * 2, n_ranks, f),
+                        pieces(comm.all_gather_time, params * 2),
                         comm.all_gather_bytes(params * 2, n_ranks),
                         per_step,
                         params * 2,
@@ -726,7 +735,7 @@ def predict_train_step(
                     terms.append(
                         (
                             "param all-gather (bwd)",
-                            comm.all_gather_time(params * 2, n_ranks, f),
+                            pieces(comm.all_gather_time, params * 2),
                             comm.all_gather_bytes(params * 2, n_ranks),
                             m,
                             params * 2,
@@ -735,7 +744,7 @@ def predict_train_step(
                 terms.append(
                     (
                         "grad reduce-scatter",
-                        comm.reduce_scatter_time(params * g, n_ranks, f),
+                        pieces(comm.reduce_scatter_time, params * g),
                         comm.reduce_scatter_bytes(params * g, n_ranks),
                         per_step,
                         params * g,
