@@ -606,15 +606,18 @@ def predict_train_step(
             bwd_step = 2 * unit / cp
             n = layers * m * (fwd_passes + 1 + cp)
             total = layers * m * ((fwd_passes + 1) * t_ag + cp * t_dkv)
-            exposed = layers * m * (
-                fwd_passes * max(0.0, t_ag - unit / cp)
-                + max(0.0, t_ag - bwd_step)
-                + (cp - 1) * max(0.0, t_dkv - bwd_step)
-                + t_dkv
+            exposed = (
+                layers
+                * m
+                * (
+                    fwd_passes * max(0.0, t_ag - unit / cp)
+                    + max(0.0, t_ag - bwd_step)
+                    + (cp - 1) * max(0.0, t_dkv - bwd_step)
+                    + t_dkv
+                )
             )
-            op, note = "K/V all-gather + dK/dV all-to-all", (
-                "torch context_parallel: each gather hides behind the local step, the last dK/dV send is exposed"
-            )
+            op = "K/V all-gather + dK/dV all-to-all"
+            note = "torch context_parallel: each gather hides behind the local step, the last dK/dV send is exposed"
             wire = layers * m * ((fwd_passes + 1) * comm.all_gather_bytes(cp * chunk, cp) + cp * 2 * chunk)
         else:
             # One pass of the local K/V per ring step: cp-1 forward (per pass), cp-1 of K/V plus cp-1 of dK/dV
@@ -685,6 +688,7 @@ def predict_train_step(
         # With full AC the backward's gather serves the recompute too (FSDP2 regathers once per backward).
         per_step = 1 if pp > 1 else m
         terms: list[tuple[str, float, float, int, float]] = []  # (op, time/call, wire bytes/call, calls, message)
+        k = 1
         for params, n_ranks in ((dense, shard), (expert, expert_shard)):
             if params <= 0 or n_ranks <= 1:
                 continue
@@ -754,10 +758,19 @@ def predict_train_step(
         # Overlap windows: ZeRO-3 - the whole forward+backward; ZeRO 0-2 - grads reduce during the last micro-batch's
         # backward (2/3 of its compute), params gather during the first micro-batch's forward (1/3; Megatron
         # --overlap-param-gather, DDP buckets).
-        window = compute if setup.zero == 3 else compute / m * (2 / 3 if setup.zero == 0 else 1.0)
-        exposed_total = max(0.0, total - window)
-        if setup.zero == 3 and terms:  # the first block's gather and the last block's reduce-scatter stay exposed
-            exposed_total += (terms[0][1] + terms[-1][1]) / max(1, layers)
+        # ZeRO 0-2 keep the two windows apart (the reduce-scatter has to finish before the optimizer step, the
+        # all-gather starts after it); each collective runs in pieces (blocks / buckets), and the piece launched
+        # after the last backward block (the last reduce-scatter) and the one the first forward block waits for (the
+        # first all-gather) stay exposed.
+        if setup.zero == 3:
+            exposed_total = max(0.0, total - compute)
+            if terms:  # the first block's gather and the last block's reduce-scatter stay exposed
+                exposed_total += (terms[0][1] + terms[-1][1]) / max(1, layers)
+        else:  # k: the buckets of the last parameter group priced (dense, or experts when present)
+            t_rs = sum(t * n for op, t, _, n, _ in terms if "gather" not in op)  # reduce-scatter / all-reduce
+            t_ag = total - t_rs
+            last = 1.0 / max(1, k)
+            exposed_total = max(t_rs - compute / m * 2 / 3, t_rs * last) + max(t_ag - compute / m / 3, t_ag * last)
         for op, t, wire, n, msg in terms:
             share = (t * n / total) if total else 0.0
             pred.comm.append(
