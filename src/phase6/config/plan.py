@@ -121,6 +121,11 @@ class PlanConfig:
     activation_layout: str = "sbh"
     """sbh (Megatron: sequence-first activations, TP's sequence-parallel collectives on dim 0) | bsh (torchtitan, HF:
     batch-first; each such collective adds a copy of the gathered tensor, docs/cost_model.md §9)."""
+    cp_ring: str = "p2p"
+    """p2p (Megatron/TE: one bf16 K/V send per ring step) | torch (torch's context_parallel, torchtitan: K/V
+    all-gathered, fp32 dK/dV rotated after every step, the last one exposed; docs/cost_model.md §9)."""
+    repeat_kv: bool = False
+    """The model expands K/V to the query heads before attention (torchtitan's repeat_kv): CP moves them at that width."""
     fp32_grad_accumulation: bool = False
     """Gradients accumulated and reduced in fp32 main grads (Megatron's bf16 default): 4 B/param of grads and the
     weight-gradient GEMMs read + write fp32 (docs/cost_model.md §9)."""
@@ -178,6 +183,7 @@ class PlanConfig:
             "plan.activation_layout",
             f"must be sbh or bsh, got {self.activation_layout!r}",
         )
+        require(self.cp_ring in ("p2p", "torch"), "plan.cp_ring", f"must be p2p or torch, got {self.cp_ring!r}")
         require(self.output in OUTPUTS, "plan.output", f"must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
         require(
             self.context_len is None or self.context_len >= 1,

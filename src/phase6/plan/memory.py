@@ -120,10 +120,22 @@ class TrainSetup:
     instead of writing 2 B (plan/train.py ``main_grad_bytes``)."""
     """Flash-attention kernel: "cudnn" (Transformer Engine, llm.c, PyTorch SDPA's default on Hopper in recent torch)
     or "fa2" (FlashAttention-2, PyTorch SDPA's flash backend); its rate curve is in plan/profile.py."""
+    cp_ring: str = "p2p"
+    """Ring attention of context parallelism: "p2p" (one K/V send per ring step in bf16, overlapped with the step
+    before; Megatron/Transformer Engine style) or "torch" (torch.distributed.tensor.experimental.context_parallel, as
+    torchtitan runs it: K/V all-gathered once per pass, fp32 dK/dV rotated by an all-to-all after every step - the
+    last one waited with nothing to hide behind - and a cat copy of the K/V buffer per step; plan/train.py
+    ``cp_merge_bytes`` and the CP term of ``predict_train_step``)."""
+    repeat_kv: bool = False
+    """The model expands K/V to the query heads before the attention call (torchtitan's Llama ``repeat_kv`` ahead of
+    F.scaled_dot_product_attention): context parallelism then rotates, copies and accumulates K/V and dK/dV at the
+    query width (n_heads/n_kv_heads x the bytes)."""
 
     def __post_init__(self) -> None:
         if self.activation_layout not in ("sbh", "bsh"):
             raise ValueError(f"activation_layout: must be sbh or bsh, got {self.activation_layout!r}")
+        if self.cp_ring not in ("p2p", "torch"):
+            raise ValueError(f"cp_ring: must be p2p or torch, got {self.cp_ring!r}")
 
     @property
     def ac_mode(self) -> str:

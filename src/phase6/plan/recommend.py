@@ -194,6 +194,8 @@ def train_setup(plan: PlanConfig, zero: int, ac: str, pp_schedule: str, virtual_
         fused_elementwise=plan.fused_elementwise,
         tp_comm_overlap=plan.tp_comm_overlap,
         activation_layout=plan.activation_layout,
+        cp_ring=plan.cp_ring,
+        repeat_kv=plan.repeat_kv,
         fp32_grad_accumulation=plan.fp32_grad_accumulation,
         optimizer=plan.optimizer,
     )

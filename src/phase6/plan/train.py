@@ -45,7 +45,7 @@ OVERLAP_COMPUTE_SLOWDOWN = 0.189
 # CP 2/4/8 at 64K/128K/256K, benchmarks/llama3_h100_202412_torchtitan.md Table 2; each names this constant in its
 # source), after the merge traffic (``cp_merge_bytes``): least squares in log(predicted/published) over the three rows.
 # Those rows stay in validate's held-out set, reported with this fit named; nothing else enters it.
-CP_RING_STEP_EFFICIENCY = 0.81
+CP_RING_STEP_EFFICIENCY = 0.845
 
 # Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at GPT-2 124M) and come with ~10 elementwise kernels per
 # matrix. Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon
@@ -295,20 +295,45 @@ class ComputeBreakdown:
         }
 
 
-def cp_merge_bytes(model: ModelSpec, cp: int, tp: int, fwd_passes: int) -> float:
+def cp_kv_width(model: ModelSpec, setup: TrainSetup | None) -> int:
+    """Width (elements per token) of each of K and V as ring attention moves them: the query width when the model
+    expands K/V to the query heads before the attention call (``TrainSetup.repeat_kv``, torchtitan), else the KV
+    heads' width."""
+    return model.q_dim if setup is not None and setup.repeat_kv else model.kv_dim
+
+
+def cp_merge_bytes(model: ModelSpec, cp: int, tp: int, fwd_passes: int, setup: TrainSetup | None = None) -> float:
     """HBM bytes per token and block that ring attention adds on top of the attention kernels (context parallelism).
 
-    Each of the cp-1 ring steps after the local one yields a partial attention output and log-sum-exp that is merged
-    into the running output in fp32 (torch's ring attention ``_SDPAMerger``: cast the block output 2+4 B, out - block
-    4+4+4, x sigmoid(lse gap) 4+4, out - that 4+4+4 = 38 B per output element), once per forward pass (twice with
-    full AC); the backward accumulates each step's dQ into an fp32 buffer (read bf16 dQ 2 B, read + write the sum 8 B
-    = 10 B per query element) and rotates fp32 dK/dV accumulators (10 B per K and per V element). Per token:
-    (cp-1) x [fwd_passes x 38 q + 10 q + 20 k] / tp, q and k the query and KV widths.
+    "p2p" ring (``TrainSetup.cp_ring``, the default): each of the cp-1 ring steps after the local one yields a
+    partial attention output and log-sum-exp that is merged into the running output in fp32 (torch's ring attention
+    ``_SDPAMerger``: cast the block output 2+4 B, out - block 4+4+4, x sigmoid(lse gap) 4+4, out - that 4+4+4 = 38 B
+    per output element), once per forward pass (twice with full AC); the backward accumulates each step's dQ into an
+    fp32 buffer (read bf16 dQ 2 B, read + write the sum 8 B = 10 B per query element) and rotates fp32 dK/dV
+    accumulators (10 B per K and per V element). Per token: (cp-1) x [fwd_passes x 38 q + 10 q + 20 kv] / tp.
+
+    "torch" ring (torch.distributed.tensor.experimental._attention ``_templated_ring_attention`` and its backward,
+    as torchtitan runs it), counted from that code, kv = ``cp_kv_width``:
+    - forward, per pass: the merges as above, the first step's output cast to fp32 and the result's cast back (6 q
+      each), key/value ``.contiguous()`` (read + write 2 kv x 2 B = 8 kv) and the ``torch.cat([key, value])`` of the
+      rotation buffer at each of the cp-1 steps that send (8 kv each);
+    - backward: fp32 zeros for dQ, dK, dV (4 q + 8 kv), the contiguous and cp-1 cat copies of K/V (8 kv each), dQ
+      accumulated at all cp steps (10 q each, step 0 included), dK/dV accumulated (20 kv each) and cat into the fp32
+      send buffer (read + write 2 kv x 4 B = 16 kv) at all cp steps, the final casts of dQ (6 q) and dK/dV (12 kv);
+    - ``_partial_update`` on the load-balanced half steps (on average (cp-1)/2 per rank for dQ and for dK/dV): the
+      half is added in place (5 q, 10 kv) and the whole fp32 buffer is rebuilt by torch.cat (8 q, 16 kv) instead of
+      a full add (10 q, 20 kv): +3 q and +6 kv each.
     """
     if cp <= 1:
         return 0.0
-    q, k = model.q_dim, model.kv_dim
-    return (cp - 1) * (fwd_passes * 38.0 * q + 10.0 * q + 20.0 * k) / tp
+    q = model.q_dim
+    kv = cp_kv_width(model, setup)
+    if setup is None or setup.cp_ring == "p2p":
+        return (cp - 1) * (fwd_passes * 38.0 * q + 10.0 * q + 20.0 * kv) / tp
+    fwd = fwd_passes * ((cp - 1) * (38.0 * q + 8.0 * kv) + 12.0 * q + 8.0 * kv)
+    bwd = (4.0 * q + 8.0 * kv) + 8.0 * cp * kv + cp * (10.0 * q + 36.0 * kv) + 6.0 * q + 12.0 * kv
+    bwd += (cp - 1) / 2 * (3.0 * q + 6.0 * kv)
+    return (fwd + bwd) / tp
 
 
 def tp_collective_ops(setup: TrainSetup) -> tuple[int, int]:
@@ -430,7 +455,7 @@ def compute_breakdown(
     fused_loss = setup.fused_elementwise if setup.fused_loss is None else setup.fused_loss
     loss = (16.0 if fused_loss else 40.0) * model.vocab_size * tokens_gpu / (tp * bw)
     fwd_passes = 2 if setup.activation_checkpointing else 1
-    cp_merge = layers * cp_merge_bytes(model, layout.cp, tp, fwd_passes) * tokens_gpu / bw
+    cp_merge = layers * cp_merge_bytes(model, layout.cp, tp, fwd_passes, setup) * tokens_gpu / bw
     tp_copy = layers * m_steps * tp_layout_copy_bytes(model, layout, setup) / bw
     body_grad = head_grad = 0.0
     if setup.fp32_grad_accumulation:
@@ -564,32 +589,47 @@ def predict_train_step(
             )
         )
     if cp > 1:
-        # Ring attention (load-balanced, 2·cp chunks): per layer and micro-batch, cp-1 passes of the local K/V forward,
-        # cp-1 passes of K/V plus cp-1 of dK/dV backward (K/V again with full AC). Pass i overlaps only the attention
-        # block computed with the chunk already held, i.e. 1/cp of this layer's attention: exposed per pass is
-        # max(0, pass - attention/cp) (Liu et al. 2023 ring attention; torchtitan CP).
+        # Ring attention (load-balanced, 2·cp chunks), per layer and micro-batch; the attention of one layer and
+        # micro-batch is fwd_passes + 2 forward-equivalents (the backward two), a ring step 1/cp of each.
         f = _group_fabric(profile, tp, cp)
-        kv_heads_local = max(1.0, model.num_kv_heads / tp)
-        chunk = 2 * mb * s_local * kv_heads_local * model.head_dim * 2
-        passes = (cp - 1) * (fwd_passes + 2)
-        n = layers * m * passes
-        t_pass = comm.p2p_time(chunk, f)
-        attn_piece = attn_per_layer_mb / (fwd_passes + 2) / cp  # attention of one ring step (fwd or bwd unit)
-        exposed = n * max(0.0, t_pass - attn_piece)
-        pred.comm.append(
-            CommTerm(
-                "cp",
-                "ring K/V pass",
-                f.name,
-                n,
-                chunk,
-                n * chunk,
-                n * t_pass,
-                exposed,
-                "each pass overlaps 1/cp of the layer's attention",
-                _contention(profile, f),
+        kv_local = max(float(model.head_dim), cp_kv_width(model, setup) / tp)
+        chunk = 2 * mb * s_local * kv_local * 2  # this rank's K and V in bf16
+        unit = attn_per_layer_mb / (fwd_passes + 2)
+        if setup.cp_ring == "torch":
+            # torch's context_parallel (default rotate method ALL_GATHER): K/V are all-gathered once per forward pass
+            # and once in the backward, issued before the local (diagonal) step and waited after it, so each gather
+            # hides behind that step only; dK/dV (fp32, 2 x the bytes) go to the next rank by an all-to-all after
+            # every one of the cp backward steps, each hidden behind the next step's kernel, and the last one is
+            # waited at the end with nothing left to hide behind (_templated_ring_attention[_backward]).
+            t_ag = comm.all_gather_time(cp * chunk, cp, f)
+            t_dkv = comm.p2p_time(2 * chunk, f)
+            bwd_step = 2 * unit / cp
+            n = layers * m * (fwd_passes + 1 + cp)
+            total = layers * m * ((fwd_passes + 1) * t_ag + cp * t_dkv)
+            exposed = (
+                layers
+                * m
+                * (
+                    fwd_passes * max(0.0, t_ag - unit / cp)
+                    + max(0.0, t_ag - bwd_step)
+                    + (cp - 1) * max(0.0, t_dkv - bwd_step)
+                    + t_dkv
+                )
             )
-        )
+            op = "K/V all-gather + dK/dV all-to-all"
+            note = "torch context_parallel: each gather hides behind the local step, the last dK/dV send is exposed"
+            wire = layers * m * ((fwd_passes + 1) * comm.all_gather_bytes(cp * chunk, cp) + cp * 2 * chunk)
+        else:
+            # One pass of the local K/V per ring step: cp-1 forward (per pass), cp-1 of K/V plus cp-1 of dK/dV
+            # backward. Pass i overlaps only the attention block computed with the chunk already held, 1/cp of
+            # this layer's attention: exposed per pass is max(0, pass - attention/cp) (Liu et al. 2023).
+            passes = (cp - 1) * (fwd_passes + 2)
+            n = layers * m * passes
+            t_pass = comm.p2p_time(chunk, f)
+            total = n * t_pass
+            exposed = n * max(0.0, t_pass - unit / cp)
+            op, note, wire = "ring K/V pass", "each pass overlaps 1/cp of the layer's attention", n * chunk
+        pred.comm.append(CommTerm("cp", op, f.name, n, chunk, wire, total, exposed, note, _contention(profile, f)))
     if ep > 1 and model.is_moe:  # dispatch + combine all-to-all per MoE layer, forward and backward
         f = _group_fabric(profile, tp * cp, ep)
         size = mb * s_local / tp * model.experts_per_token * h * 2
@@ -648,11 +688,21 @@ def predict_train_step(
         # With full AC the backward's gather serves the recompute too (FSDP2 regathers once per backward).
         per_step = 1 if pp > 1 else m
         terms: list[tuple[str, float, float, int, float]] = []  # (op, time/call, wire bytes/call, calls, message)
+        k = 1
         for params, n_ranks in ((dense, shard), (expert, expert_shard)):
             if params <= 0 or n_ranks <= 1:
                 continue
+            # Each collective runs as k NCCL calls, each paying its own base latency and ring steps (alpha): ZeRO-3
+            # (FSDP2) one per block, ZeRO 0-2 one per gradient bucket of max(40M, 1M x DP) parameters (Megatron
+            # DistributedDataParallel's default bucket_size).
+            k = layers if setup.zero == 3 else max(1, math.ceil(params / max(40e6, 1e6 * n_ranks)))
+
+            def pieces(fn: Any, size: float, n_r: int = n_ranks, k: int = k) -> float:
+                return k * fn(size / k, n_r, f)
+
             if setup.zero == 0:
-                t, algo = comm.all_reduce_time(params * g, n_ranks, f)
+                t1, algo = comm.all_reduce_time(params * g / k, n_ranks, f)
+                t = k * t1
                 terms.append(
                     (f"grad all-reduce ({algo})", t, comm.ring_all_reduce_bytes(params * g, n_ranks), 1, params * g)
                 )
@@ -660,7 +710,7 @@ def predict_train_step(
                 terms.append(
                     (
                         "grad reduce-scatter",
-                        comm.reduce_scatter_time(params * g, n_ranks, f),
+                        pieces(comm.reduce_scatter_time, params * g),
                         comm.reduce_scatter_bytes(params * g, n_ranks),
                         1,
                         params * g,
@@ -669,7 +719,7 @@ def predict_train_step(
                 terms.append(
                     (
                         "param all-gather",
-                        comm.all_gather_time(params * 2, n_ranks, f),
+                        pieces(comm.all_gather_time, params * 2),
                         comm.all_gather_bytes(params * 2, n_ranks),
                         1,
                         params * 2,
@@ -679,7 +729,7 @@ def predict_train_step(
                 terms.append(
                     (
                         "param all-gather",
-                        comm.all_gather_time(params * 2, n_ranks, f),
+                        pieces(comm.all_gather_time, params * 2),
                         comm.all_gather_bytes(params * 2, n_ranks),
                         per_step,
                         params * 2,
@@ -689,7 +739,7 @@ def predict_train_step(
                     terms.append(
                         (
                             "param all-gather (bwd)",
-                            comm.all_gather_time(params * 2, n_ranks, f),
+                            pieces(comm.all_gather_time, params * 2),
                             comm.all_gather_bytes(params * 2, n_ranks),
                             m,
                             params * 2,
@@ -698,7 +748,7 @@ def predict_train_step(
                 terms.append(
                     (
                         "grad reduce-scatter",
-                        comm.reduce_scatter_time(params * g, n_ranks, f),
+                        pieces(comm.reduce_scatter_time, params * g),
                         comm.reduce_scatter_bytes(params * g, n_ranks),
                         per_step,
                         params * g,
@@ -708,10 +758,19 @@ def predict_train_step(
         # Overlap windows: ZeRO-3 - the whole forward+backward; ZeRO 0-2 - grads reduce during the last micro-batch's
         # backward (2/3 of its compute), params gather during the first micro-batch's forward (1/3; Megatron
         # --overlap-param-gather, DDP buckets).
-        window = compute if setup.zero == 3 else compute / m * (2 / 3 if setup.zero == 0 else 1.0)
-        exposed_total = max(0.0, total - window)
-        if setup.zero == 3 and terms:  # the first block's gather and the last block's reduce-scatter stay exposed
-            exposed_total += (terms[0][1] + terms[-1][1]) / max(1, layers)
+        # ZeRO 0-2 keep the two windows apart (the reduce-scatter has to finish before the optimizer step, the
+        # all-gather starts after it); each collective runs in pieces (blocks / buckets), and the piece launched
+        # after the last backward block (the last reduce-scatter) and the one the first forward block waits for (the
+        # first all-gather) stay exposed.
+        if setup.zero == 3:
+            exposed_total = max(0.0, total - compute)
+            if terms:  # the first block's gather and the last block's reduce-scatter stay exposed
+                exposed_total += (terms[0][1] + terms[-1][1]) / max(1, layers)
+        else:  # k: the buckets of the last parameter group priced (dense, or experts when present)
+            t_rs = sum(t * n for op, t, _, n, _ in terms if "gather" not in op)  # reduce-scatter / all-reduce
+            t_ag = total - t_rs
+            last = 1.0 / max(1, k)
+            exposed_total = max(t_rs - compute / m * 2 / 3, t_rs * last) + max(t_ag - compute / m / 3, t_ag * last)
         for op, t, wire, n, msg in terms:
             share = (t * n / total) if total else 0.0
             pred.comm.append(
