@@ -66,24 +66,6 @@ def gsm8k_rows() -> list[gsm8k.Gsm8kRow]:
     return gsm8k.load_gsm8k(str(SAMPLE), "train")
 
 
-def completions_for(rows: list[gsm8k.Gsm8kRow]) -> list[tuple[int, str]]:
-    """Per row: the reference solution, and the forms where a scorer can differ (18.0, $1,080 without ####,
-    \\boxed, a wrong number, another row's solution)."""
-    out = []
-    for i, r in enumerate(rows):
-        gold = int(r.solution)
-        work = r.answer.rsplit("####", 1)[0]
-        out += [
-            (i, r.answer),
-            (i, f"{work}#### {gold}.0"),
-            (i, f"{work}So the answer is ${gold:,}."),
-            (i, f"{work}#### {gold + 1}"),
-            (i, f"The final answer is \\boxed{{{gold}}}."),
-            (i, rows[(i + 1) % len(rows)].answer),
-        ]
-    return out
-
-
 def smoke_completion(job_dir: Path) -> str:
     """A correct answer to the smoke job's first train row, in a form verl's built-in string match rejects."""
     import pyarrow.parquet as pq
@@ -111,7 +93,7 @@ def probe(smoke_run: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory)
         "smoke": {"args": smoke, "completions": [[0, smoke_completion(run_dir / "verl")]]},
         "misspelled": {"args": [*smoke, "actor_rollout_ref.rollout.tempreature=1.0"], "data": False},
         "legacy_reward_key": {"args": legacy, "completions": [[0, "x"]]},
-        "gsm8k": {"args": args_of(gsm_dir), "completions": [list(c) for c in completions_for(rows)]},
+        "gsm8k": {"args": args_of(gsm_dir), "completions": [list(c) for c in verl_check.answer_forms(rows)]},
     }
     results = verl_check.check_many(list(jobs.values()))
     return {"results": dict(zip(jobs, results, strict=True)), "rows": rows, "smoke_dir": run_dir / "verl"}
@@ -166,7 +148,7 @@ def test_gsm8k_reward_through_verl_equals_phase6_scorer(probe: dict[str, Any]) -
     job = probe["results"]["gsm8k"]
     assert "data_error" not in job and "reward_error" not in job, job
     rows, reward = probe["rows"], job["reward"]
-    items = completions_for(rows)
+    items = verl_check.answer_forms(rows)
     assert reward["ground_truths"] == [rows[i].solution for i, _ in items]  # through verl's dataset + collate
     assert all(reward["roundtrip_equal"])  # verl's decode gives back the completion text we scored
     ours = [gsm8k.score(text, rows[i].solution) for i, text in items]

@@ -168,15 +168,18 @@ def test_same_requests_through_vllm_bench_serve_agree(sweep: Path, tmp_path: Pat
     )
 
 
-def test_tp2_row(sweep: Path, tmp_path: Path) -> None:
-    """A TP=2 vLLM on CPU (two workers, one core each) through the same CLI: launched, measured, stopped."""
-    d = tmp_path / "tp2"
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tp_row(sweep: Path, tmp_path: Path, tp: int) -> None:
+    """A TP=2 / TP=4 vLLM on CPU (one worker per rank on this box's cores) through the same CLI: launched with
+    --tensor-parallel-size N, one C=16 row measured with no failed request, tokens checked against vLLM's own counter,
+    and the whole process group gone after the run (TP=4: the launcher's TP=4 path executed, issue 29 item 6)."""
+    d = tmp_path / f"tp{tp}"
     result = CliRunner().invoke(
         app,
         [
             "serve-bench",
             "experiment=smoke_vllm",
-            "serve=vllm_tiny_tp2",
+            f"serve=vllm_tiny_tp{tp}",
             "load=smoke_vllm_c16",
             "hydra.mode=RUN",
             f"run.dir={d}",
@@ -188,12 +191,17 @@ def test_tp2_row(sweep: Path, tmp_path: Path) -> None:
         servers.stop_all()
     r = json.loads((d / "results.json").read_text())
     (row,) = r["rows"]
-    assert row["engine"] == "vllm" and row["tp"] == 2 and row["concurrency"] == 16
-    assert row["failed"] == 0 and row["completed"] == r["details"]["planned"] and row["throughput_tok_s"] > 0
+    assert row["engine"] == "vllm" and row["tp"] == tp and row["concurrency"] == 16
+    assert row["failed"] == 0, r["details"].get("errors")
+    assert row["completed"] == r["details"]["planned"] and row["throughput_tok_s"] > 0
     cmd = r["server"]["command"]
-    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
-    sm = r["server_metrics"]
-    assert sm["delta"]["generation_tokens_total"] == r["details"]["output_tokens"]
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == str(tp)
+    assert r["server_metrics"]["delta"]["generation_tokens_total"] == r["details"]["output_tokens"]
+    log = (d / "server.log").read_text()
+    pids = {int(p) for p in re.findall(r"\((?:EngineCore|Worker)[^ ]* pid=(\d+)\)", log)}
+    assert pids, "no engine/worker pids in the server log"
+    alive = [p for p in pids if Path(f"/proc/{p}").exists()]
+    assert alive == [], f"vLLM processes left after the run: {alive}"
 
 
 def test_a_vllm_server_started_with_an_api_key_is_benchmarked_with_it(
@@ -222,38 +230,3 @@ def test_a_vllm_server_started_with_an_api_key_is_benchmarked_with_it(
         assert key not in result.output
     finally:
         servers.stop_all()
-
-
-def test_tp4_row(tmp_path: Path) -> None:
-    """The launcher's TP=4 path executed (issue 29, item 6): a TP=4 vLLM on CPU (four workers on this box's cores)
-    through the CLI, launched with --tensor-parallel-size 4, one C=16 row measured with no failed request, tokens
-    checked against vLLM's own counter, and the whole process group gone after the run."""
-    d = tmp_path / "tp4"
-    result = CliRunner().invoke(
-        app,
-        [
-            "serve-bench",
-            "experiment=smoke_vllm",
-            "serve=vllm_tiny_tp4",
-            "load=smoke_vllm_c16",
-            "hydra.mode=RUN",
-            f"run.dir={d}",
-        ],
-    )
-    try:
-        assert result.exit_code == 0, result.output[-4000:]
-    finally:
-        servers.stop_all()
-    r = json.loads((d / "results.json").read_text())
-    (row,) = r["rows"]
-    assert row["engine"] == "vllm" and row["tp"] == 4 and row["concurrency"] == 16
-    assert row["failed"] == 0, r["details"].get("errors")
-    assert row["completed"] == r["details"]["planned"] and row["throughput_tok_s"] > 0
-    cmd = r["server"]["command"]
-    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "4"
-    assert r["server_metrics"]["delta"]["generation_tokens_total"] == r["details"]["output_tokens"]
-    log = (d / "server.log").read_text()
-    pids = {int(p) for p in re.findall(r"\((?:EngineCore|Worker)[^ ]* pid=(\d+)\)", log)}
-    assert pids, "no engine/worker pids in the server log"
-    alive = [p for p in pids if Path(f"/proc/{p}").exists()]
-    assert alive == [], f"vLLM processes left after the run: {alive}"

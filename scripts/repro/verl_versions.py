@@ -29,21 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["experiment=smoke", "engine=verl", "grpo.staleness=0", "grpo.is_correction=none"]
 
 
-def completions_for(rows: list[gsm8k.Gsm8kRow]) -> list[tuple[int, str]]:
-    out = []
-    for i, r in enumerate(rows):
-        gold, work = int(r.solution), r.answer.rsplit("####", 1)[0]
-        out += [
-            (i, r.answer),
-            (i, f"{work}#### {gold}.0"),
-            (i, f"{work}So the answer is ${gold:,}."),
-            (i, f"{work}#### {gold + 1}"),
-            (i, f"The final answer is \\boxed{{{gold}}}."),
-            (i, rows[(i + 1) % len(rows)].answer),
-        ]
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path)
@@ -66,7 +51,7 @@ def main() -> None:
     gsm_dir = grpo_verl.write_verl_job(
         load_config("grpo", SMOKE), rows, rows[:4], tmp / "gsm8k", 1, str(run / "tiny_model")
     )
-    items = completions_for(rows)
+    items = verl_check.answer_forms(rows)
     ours = [gsm8k.score(t, rows[i].solution) for i, t in items]
     jobs = [
         {"args": grpo_verl.command(grpo_verl.verl_overrides(default, tmp, tmp, 1))[3:], "data": False},

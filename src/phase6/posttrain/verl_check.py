@@ -69,3 +69,21 @@ def check(
 ) -> dict[str, Any]:
     """One job: ``main_ppo``'s override list ``args``; ``completions`` scored on train rows by verl's reward worker."""
     return check_many([{"args": args, "data": data, "completions": [list(c) for c in completions or []]}], python)[0]
+
+
+def answer_forms(rows: list[Any]) -> list[tuple[int, str]]:
+    """(row index, completion) for each GSM8K row (``phase6.tasks.gsm8k.Gsm8kRow``): the reference solution and the
+    forms where two scorers can differ (18.0, $1,080 without ####, \\boxed, a wrong number, another row's
+    solution): what the reward check scores through verl's path and phase6's scorer."""
+    out = []
+    for i, r in enumerate(rows):
+        gold, work = int(r.solution), r.answer.rsplit("####", 1)[0]
+        out += [
+            (i, r.answer),
+            (i, f"{work}#### {gold}.0"),
+            (i, f"{work}So the answer is ${gold:,}."),
+            (i, f"{work}#### {gold + 1}"),
+            (i, f"The final answer is \\boxed{{{gold}}}."),
+            (i, rows[(i + 1) % len(rows)].answer),
+        ]
+    return out
