@@ -418,7 +418,8 @@ def test_resume_refuses_an_immutable_change_and_records_a_mutable_one(tmp_path: 
     import yaml
 
     data, run = tmp_path / "data", tmp_path / "R"
-    common = ["experiment=smoke", f"data.out_dir={data}", "optim.warmup_steps=1", "train.val_every=2"]
+    common = ["experiment=smoke", f"data.out_dir={data}", "optim.warmup_steps=1", "optim.warmup_frac=null"]
+    common += ["train.val_every=2"]
     common += ["train.ckpt_every=2", "train.export_hf=false", f"run.dir={run}", "logger.console=false"]
     assert cli("pretrain", *common, "train.max_steps=4").exit_code == 0
     original = (run / "config.yaml").read_text()

@@ -13,6 +13,7 @@ import pytest
 from phase6.config import load_object
 from phase6.config.slo import SLOConfig
 from phase6.launch import ConfigError, load_config
+from phase6.serving import server as servers
 from phase6.serving import vllm_env
 from phase6.serving.capacity import (
     CapacitySearch,
@@ -199,7 +200,10 @@ def test_capacity_search_on_real_vllm_cpu(tmp_path: Path) -> None:
     from phase6.cli import app
 
     run_dir = tmp_path / "cap"
-    r = CliRunner().invoke(app, ["serve-bench", "experiment=capacity_smoke_vllm", f"run.dir={run_dir}"])
+    try:
+        r = CliRunner().invoke(app, ["serve-bench", "experiment=capacity_smoke_vllm", f"run.dir={run_dir}"])
+    finally:
+        servers.stop_all()  # in-process run: its pinned server must not be reused by the next test's sweep
     assert r.exit_code == 0, r.output[-3000:]
     res = json.loads((run_dir / "results.json").read_text())
     pred = json.loads((run_dir / "prediction.json").read_text())
