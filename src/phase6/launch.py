@@ -311,19 +311,18 @@ def run_job(job: str, overrides: list[str], multirun: bool = False, main: Callab
     sys.argv = [f"phase6-{job}", *job_overrides(job, hydra_args + list(overrides)), *(["-m"] if multirun else [])]
     sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
     try:
-        _task()
+        try:
+            _task()
+        finally:  # the lock goes first: a failed run's directory is removed below only if nothing else is left
+            sys.argv = argv
+            sys.stdout, sys.stderr = streams
+            unlock_run_dir(target)
     except _JobAbort as abort:
-        unlock_run_dir(target)
         _remove_if_empty(target, target_existed)
         raise UserError(one_line(abort.error)) from abort.error
     except BaseException:
-        unlock_run_dir(target)
         _remove_if_empty(target, target_existed)
         raise
-    finally:
-        sys.argv = argv
-        sys.stdout, sys.stderr = streams
-        unlock_run_dir(target)
 
 
 OS_ERRORS = {
