@@ -546,8 +546,6 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
             )
         else:
             order = None
-        logps = torch.zeros(rows, logits_to_keep, dtype=torch.float32, device=input_ids.device)
-        entropies = torch.zeros_like(logps) if compute_entropy else None
         pieces, ent_pieces = [], []
         for start in range(0, rows, batch_size):
             sel = order[start : start + batch_size] if order is not None else slice(start, start + batch_size)
@@ -557,15 +555,16 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
             lp, ent = self._chunk_logps(model, ids, mask, logits_to_keep - trail, compute_entropy, kwargs)
             pieces.append(_pad_right(lp, logits_to_keep))
             ent_pieces.append(_pad_right(ent, logits_to_keep))
+        lp = torch.cat(pieces, 0)
+        ent = torch.cat(ent_pieces, 0) if compute_entropy else None
         if order is None:  # one chunk per call in training: keep autograd's view simple
-            lp = torch.cat(pieces, 0)
-            ent = torch.cat(ent_pieces, 0) if compute_entropy else None
             return lp, ent, None
-        logps = logps.to(pieces[0].dtype)
-        logps[order] = torch.cat(pieces, 0)
-        if compute_entropy:
-            entropies = entropies.to(ent_pieces[0].dtype)
-            entropies[order] = torch.cat(ent_pieces, 0)
+        logps = torch.zeros_like(lp)  # back to the caller's row order
+        logps[order] = lp
+        entropies = None
+        if ent is not None:
+            entropies = torch.zeros_like(ent)
+            entropies[order] = ent
         return logps, entropies, None
 
     def _chunk_logps(
