@@ -3,8 +3,9 @@
 # TP=1) through phase6's own launcher, C=1/16/64 rows on the vLLM/torch-tp request lists, then SGLang's own client
 # (`python -m sglang.bench_serving`) on one server. Reproduces docs/benchmarks.md "SGLang on the lent H200 (issue 29)".
 #
-#   mkdir -p /tmp/i29/repo && tar -xJf .device/i29/repo.tar.xz -C /tmp/i29/repo && \
-#       bash /tmp/i29/repo/scripts/repro/h200_sglang.sh $PWD/.device/i29
+#   BUDGET=530 bash scripts/repro/h200_sglang.sh $PWD/.device/i29     # from the checkout; 2026-12-02: wall 520 s
+# (or from a branch archive: mkdir -p /tmp/i29/repo && tar -xJf .device/i29/repo.tar.xz -C /tmp/i29/repo && bash
+#  /tmp/i29/repo/scripts/repro/h200_sglang.sh $PWD/.device/i29)
 #
 # CARRY (built on the CPU box, see projects/6b_serving/README.md "SGLang on the lent H200"):
 #   site.tar.xz.00 + manifest.json  scripts/vllm_carry.py --set sglang pack: SGLang, sglang-kernel (sm90 only, no
