@@ -80,6 +80,45 @@ def bench_rows(root: Path) -> list[str]:
     return out
 
 
+def prom_sums(path: Path) -> dict[str, float]:
+    """``name -> value`` summed over label sets, for the ``_sum``/``_count`` series of a /metrics text."""
+    out: dict[str, float] = {}
+    for ln in path.read_text().splitlines():
+        if not ln or ln.startswith("#"):
+            continue
+        name, _, value = ln.rpartition(" ")
+        name = name.split("{")[0]
+        if name.endswith(("_sum", "_count")):
+            try:
+                out[name] = out.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def server_ttft(root: Path) -> list[str]:
+    """SGLang's own TTFT histogram over each run (after - before): the server's share of the TTFT a client reads."""
+    pairs = [(f.parent.name, f.with_name("metrics_before.prom"), f) for f in sorted(root.rglob("metrics_after.prom"))]
+    pairs += [
+        (f.name.removesuffix(".after.prom"), f.with_name(f.name.replace(".after.", ".before.")), f)
+        for f in sorted(root.glob("sbench/*.after.prom"))
+    ]
+    out = ["| run (in name order) | requests | server TTFT mean ms | server queue mean ms |", "|---|---|---|---|"]
+    for name, before, after in pairs:
+        if not before.is_file():
+            out.append(f"| {name} | missing: no before-scrape |")
+            continue
+        a, b = prom_sums(after), prom_sums(before)
+        k = "sglang:time_to_first_token_seconds"
+        n = a.get(k + "_count", 0.0) - b.get(k + "_count", 0.0)
+        q = "sglang:queue_time_seconds"
+        nq = a.get(q + "_count", 0.0) - b.get(q + "_count", 0.0)
+        ttft = (a.get(k + "_sum", 0.0) - b.get(k + "_sum", 0.0)) / n * 1e3 if n else None
+        queue = (a.get(q + "_sum", 0.0) - b.get(q + "_sum", 0.0)) / nq * 1e3 if nq else None
+        out.append(f"| {name} | {n:.0f} | {fmt(ttft, 2)} | {fmt(queue, 2)} |")
+    return out
+
+
 def metric_names(root: Path) -> list[str]:
     """Which ``sglang:`` names phase6's telemetry reads are in a real exposition of this server (and which not)."""
     proms = sorted(root.rglob("metrics_after.prom")) + sorted(root.rglob("metrics_sample.prom"))
@@ -108,6 +147,8 @@ def main(argv: list[str]) -> int:
     print("\n".join(phase6_rows(root)))
     print()
     print("\n".join(bench_rows(root)))
+    print()
+    print("\n".join(server_ttft(root)))
     print()
     print("\n".join(metric_names(root)))
     return 0
