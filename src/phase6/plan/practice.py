@@ -66,7 +66,8 @@ TERM_STATUS: dict[str, tuple[str, str]] = {
     ),
     "tp communication": (
         DATASHEET,
-        "NVLink NCCL busbw (nccl-tests), exposure checked only indirectly on AsyncTP-vs-vanilla published rows",
+        "NVLink NCCL busbw (nccl-tests), FP8 all-gather bytes read from torchao's Float8 TP code; exposure checked "
+        "only indirectly on AsyncTP-vs-vanilla published rows",
     ),
     "cp communication": (DATASHEET, "NVLink/NIC busbw; ring pass overlap assumed"),
     "pp communication": (DATASHEET, "NIC line rate x NCCL fraction"),
