@@ -576,12 +576,13 @@ def predict_train_step(
         n_ag, n_rs, ag_cov, rs_cov = tp_collective_counts(setup)
         n = layers * m * ops // 2  # all-reduce equivalents (an all-gather + reduce-scatter pair)
         t, algo = comm.all_reduce_time(act_bytes, tp, f)
+        op = f"all-reduce ({algo})"
         t_ag = t_rs = t / 2
         ag_elem = tp_all_gather_bytes_per_element(setup)
         if ag_elem < 2.0:  # FP8 all-gathers (tp_all_gather_bytes_per_element); reduce-scatters stay bf16
             t_ag = comm.all_gather_time(act_bytes * ag_elem / 2, tp, f)
             t_rs = comm.reduce_scatter_time(act_bytes, tp, f)
-            algo = "fp8 all-gathers, bf16 reduce-scatters"
+            op = "fp8 all-gathers + reduce-scatters"
         total = layers * m * (n_ag * t_ag + n_rs * t_rs)
         if setup.tp_comm_overlap:
             # Decomposed overlap (Wang et al. 2023, "Overlap Communication with Dependent Computation via
@@ -609,7 +610,7 @@ def predict_train_step(
         pred.comm.append(
             CommTerm(
                 "tp",
-                f"all-reduce ({algo})",
+                op,
                 f.name,
                 n,
                 act_bytes,
