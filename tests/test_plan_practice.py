@@ -15,7 +15,7 @@ from phase6.config.plan import PlanConfig
 from phase6.plan import memory as memory_mod
 from phase6.plan.memory import ParallelLayout, TrainSetup, train_memory
 from phase6.plan.model import resolve_model
-from phase6.plan.practice import DATASHEET, FITTED, MEASURED, TERM_STATUS, compare, practice_layout
+from phase6.plan.practice import DATASHEET, FITTED, MEASURED, TERM_STATUS, Comparison, compare, practice_layout
 from phase6.plan.recommend import SEARCHED_SCHEDULES, recommend_train, schedules
 from phase6.plan.serve_reserve import calibrate, parse_vllm_log
 from phase6.plan.train import cp_merge_bytes, predict_train_step
@@ -104,6 +104,24 @@ def test_compare_names_the_deciding_term_and_its_status() -> None:
     assert set(s for s, _ in TERM_STATUS.values()) == {MEASURED, FITTED, DATASHEET}
 
 
+def test_same_or_tied_practice_still_names_a_term_and_its_validation() -> None:
+    m = resolve_model("llama3.1-8b")
+    plan = PlanConfig(seq_len=8192, global_batch_tokens=8192 * 64)
+    prac, _ = practice_layout(m, 8, plan, PROFILE)
+    assert prac is not None
+    same = compare(prac, m, 8, plan, PROFILE)  # the #1 is the practice layout itself
+    assert same.same
+    text = "\n".join(same.lines(prac))
+    assert "the #1 is the practice layout; its largest term:" in text and "validation: " in text
+    tie = Comparison(prac, "rule", False, 0.02, "tp communication", 0.1, DATASHEET, "NVLink busbw")
+    text = "\n".join(tie.lines(prac))
+    assert "within the 5% tie tolerance" in text
+    assert (
+        "the term that differs most: tp communication (+100 ms/step in the #1's favour), validation: datasheet only"
+        in text
+    )
+
+
 def test_explain_output_carries_the_practice_comparison(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
@@ -113,9 +131,7 @@ def test_explain_output_carries_the_practice_comparison(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, [*args, f"run.dir={tmp_path / 'run'}", "--explain"])
     assert r.exit_code == 0, r.output
     assert "## Practice layout beside the #1" in r.stdout and "practice rule:" in r.stdout
-    assert (
-        "validation:" in r.stdout or "within the 5% tie tolerance" in r.stdout or "is the practice layout" in r.stdout
-    )
+    assert "validation:" in r.stdout.split("## Practice layout beside the #1")[1]
     j = CliRunner().invoke(app, [*args, f"run.dir={tmp_path / 'run2'}", "--json"])
     practice = json.loads(j.stdout)["practice"]
     assert practice["deciding_term_status"] in (MEASURED, FITTED, DATASHEET) and practice["practice_layout"]

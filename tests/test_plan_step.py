@@ -362,3 +362,24 @@ def test_dp_collectives_pay_latency_per_block_or_bucket() -> None:
     (rs1, _) = [c for c in z1.comm if c.dim == "dp"]
     buckets = -(-params // 40e6)  # 1M x 16 < 40M: the floor wins
     assert rs1.time_s == pytest.approx(buckets * comm.reduce_scatter_time(params * 4 / buckets, 16, f))
+
+
+def test_fp8_training_all_gathers_tp_activations_in_float8() -> None:
+    # torchao's Float8 TP (torchtitan's default with Float8Linear): the block input is cast to e4m3 before the forward
+    # all-gather and the output gradient to e5m2 before the backward all-gather; reduce-scatters stay bf16.
+    m = resolve_model("llama3.1-8b")
+    lay = ParallelLayout(dp=1, tp=8)
+    setup = TrainSetup(8192, 2 * 8192, micro_batch_size=2, zero=1, activation_layout="bsh")
+    bf16 = predict_train_step(m, lay, setup, PROFILE)
+    fp8 = predict_train_step(m, lay, dataclasses.replace(setup, fp8=True), PROFILE)
+    tp_b = next(c for c in bf16.comm if c.dim == "tp")
+    tp_f = next(c for c in fp8.comm if c.dim == "tp")
+    gathered = 2 * 8192 * 4096 * 2  # bf16 bytes of one gathered tensor
+    f = PROFILE.intra
+    ag, rs = comm.all_gather_time(gathered / 2, 8, f), comm.reduce_scatter_time(gathered, 8, f)
+    # 4 all-gathers + 4 reduce-scatters per block (2 + 2 forward, 2 + 2 backward), one micro-batch
+    assert tp_f.time_s == pytest.approx(32 * (4 * ag + 4 * rs))
+    assert tp_f.wire_bytes == pytest.approx(tp_b.wire_bytes * 3 / 4)
+    assert tp_f.time_s < tp_b.time_s and "fp8 all-gathers" in tp_f.op
+    # the batch-first copies of the all-gathers move 1 B per element too: 4 x 1 + 4 x 2 instead of 8 x 2
+    assert fp8.breakdown.tp_copy_s == pytest.approx(bf16.breakdown.tp_copy_s * 12 / 16)

@@ -66,7 +66,8 @@ TERM_STATUS: dict[str, tuple[str, str]] = {
     ),
     "tp communication": (
         DATASHEET,
-        "NVLink NCCL busbw (nccl-tests), exposure checked only indirectly on AsyncTP-vs-vanilla published rows",
+        "NVLink NCCL busbw (nccl-tests), FP8 all-gather bytes read from torchao's Float8 TP code; exposure checked "
+        "only indirectly on AsyncTP-vs-vanilla published rows",
     ),
     "cp communication": (DATASHEET, "NVLink/NIC busbw; ring pass overlap assumed"),
     "pp communication": (DATASHEET, "NIC line rate x NCCL fraction"),
@@ -219,11 +220,19 @@ class Comparison:
             f"{top.step_time_s:.3f} s/step, {top.memory.total / GIB:.1f} GiB/GPU"
         )
         if self.same:
-            out.append("the #1 is the practice layout")
+            tt = terms(top)
+            big = max(tt, key=lambda k: tt[k])
+            st, back = TERM_STATUS.get(big, (DATASHEET, "not listed"))
+            out.append(
+                f"the #1 is the practice layout; its largest term: {big} ({1e3 * tt[big]:,.0f} ms/step), "
+                f"validation: {st} ({back})"
+            )
         elif self.gap <= TIE_TOLERANCE:
             out.append(
                 f"practice is within the {100 * TIE_TOLERANCE:.0f}% tie tolerance ({100 * self.gap:+.1f}%): either is "
-                "defensible; the model cannot separate them"
+                "defensible; the model cannot separate them; the term that differs most: "
+                f"{self.term} ({1e3 * self.delta_s:+,.0f} ms/step in the #1's favour), validation: {self.status} "
+                f"({self.backing})"
             )
         else:
             out.append(
@@ -335,11 +344,20 @@ def serve_lines(rec: Any, model: ModelSpec, gpus: int, plan: PlanConfig, profile
     out.append(f"practice: {lay}: decode {1e3 * dec:.2f} ms/token")
     out.append(f"#1:       {top.layout}: decode {top.time_value:.2f} ms/token")
     if lay.tp == top.layout.tp and lay.pp == top.layout.pp:
-        out.append("the #1 is the practice layout")
+        parts = {"decode HBM reads": mem_s, "decode compute": comp_s, "serving TP all-reduce": ar}
+        big = max(parts, key=lambda k: parts[k])
+        st, back = TERM_STATUS[big]
+        out.append(
+            f"the #1 is the practice layout; its largest term: {big} ({1e3 * parts[big]:.2f} ms/token), "
+            f"validation: {st} ({back})"
+        )
         return out
     gap = dec / (top.time_value / 1e3) - 1
-    if tcost is None or gap <= TIE_TOLERANCE:
-        out.append(f"practice is within the {100 * TIE_TOLERANCE:.0f}% tie tolerance ({100 * gap:+.1f}%)")
+    if tcost is None:
+        out.append(
+            f"practice is within the {100 * TIE_TOLERANCE:.0f}% tie tolerance ({100 * gap:+.1f}%); the #1's terms "
+            "are not priced separately here"
+        )
         return out
     d = {
         "decode HBM reads": mem_s - tcost[1],
@@ -348,6 +366,12 @@ def serve_lines(rec: Any, model: ModelSpec, gpus: int, plan: PlanConfig, profile
     }
     term = max(d, key=lambda k: d[k])
     st, back = TERM_STATUS[term]
+    if gap <= TIE_TOLERANCE:
+        out.append(
+            f"practice is within the {100 * TIE_TOLERANCE:.0f}% tie tolerance ({100 * gap:+.1f}%); the term that "
+            f"differs most: {term} ({1e3 * d[term]:+.2f} ms/token), validation: {st} ({back})"
+        )
+        return out
     out.append(
         f"the #1's decode is {100 * gap:.1f}% faster per token (latency; the practice layout's {lay.dp} replicas may "
         f"give more tokens/s); deciding term: {term} ({1e3 * d[term]:+.2f} ms/token), validation: {st} ({back})"

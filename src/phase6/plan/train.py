@@ -346,13 +346,38 @@ def tp_collective_ops(setup: TrainSetup) -> tuple[int, int]:
     all-reduce's bytes. With ``tp_comm_overlap`` the forward and recompute collectives are fused with their GEMMs,
     the backward's only with ``tp_overlap_backward``.
     """
+    ag, rs, ag_cov, rs_cov = tp_collective_counts(setup)
+    return ag + rs, ag_cov + rs_cov
+
+
+def tp_collective_counts(setup: TrainSetup) -> tuple[int, int, int, int]:
+    """(all-gathers, reduce-scatters, all-gathers fused with a GEMM, reduce-scatters fused) per block and micro-batch
+    (``tp_collective_ops``): each forward pass 2 + 2, the backward 2 + 2 (the all-gather of the gradient of each
+    forward reduce-scatter, the reduce-scatter of the gradient of each forward all-gather), selective AC 2 more
+    all-gathers."""
     fwd_passes = 2 if setup.activation_checkpointing else 1
     sac = 1 if (setup.selective_ac and not setup.activation_checkpointing) else 0
-    total = 4 * fwd_passes + 4 + 2 * sac
-    covered = 0
+    ag, rs = 2 * fwd_passes + 2 + 2 * sac, 2 * fwd_passes + 2
+    ag_cov = rs_cov = 0
     if setup.tp_comm_overlap:
-        covered = 4 * fwd_passes + 2 * sac + (4 if setup.tp_overlap_backward else 0)
-    return total, covered
+        bwd = 2 if setup.tp_overlap_backward else 0
+        ag_cov, rs_cov = 2 * fwd_passes + 2 * sac + bwd, 2 * fwd_passes + bwd
+    return ag, rs, ag_cov, rs_cov
+
+
+def tp_all_gather_bytes_per_element(setup: TrainSetup) -> float:
+    """Bytes per element a sequence-parallel all-gather moves: 1 with FP8 training, 2 (bf16) otherwise.
+
+    torchtitan's Float8 TP (torchao.float8.float8_tensor_parallel, applied whenever Float8Linear's tensorwise
+    scaling is on: torchtitan docs/float8.md "we support float8 all-gather ... for TP (by default for
+    Float8Linear)"): ``PrepareFloat8ModuleInput`` casts the sequence-sharded block input to float8 *before* its
+    Shard(1) -> Replicate redistribution, so the forward (and recompute) all-gathers move e4m3; Float8Rowwise/
+    ColwiseParallel's ``_prepare_output_fn`` puts ``_NoopFwToFloat8BwDynamic`` after the output redistribution, so in
+    the backward the incoming gradient is cast to e5m2 before the all-gather that mirrors the forward reduce-scatter.
+    The reduce-scatters carry partial sums of matmul outputs and stay bf16. Transformer Engine's FP8 sequence
+    parallelism also gathers the FP8 input (an assumption for TE; no FP8 Megatron row is in the table).
+    """
+    return 1.0 if setup.fp8 else 2.0
 
 
 def tp_layout_copy_bytes(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup) -> float:
@@ -361,15 +386,16 @@ def tp_layout_copy_bytes(model: ModelSpec, layout: ParallelLayout, setup: TrainS
     torch.cat(torch.chunk(out, tp, dim=0), dim=1), and reduce_scatter_tensor(scatter_dim=1) first does
     torch.cat(torch.chunk(x, tp, dim=1)) (torch/distributed/_functional_collectives.py; DTensor's Shard(1) <->
     Replicate redistributions in torchtitan's sequence parallelism go through them): a read and a write of the whole
-    gathered tensor, mb x T/cp x h x 2 B, per collective. Megatron keeps activations sequence-first ("sbh") so its
-    collectives run on dim 0 without a copy. Collectives fused with their GEMM (torch AsyncTP) keep one: the fused
-    all-gather-matmul / matmul-reduce-scatter move the sequence dim to the front and back (movedim + flatten in
+    gathered tensor, mb x T/cp x h elements, per collective (the all-gathers' at their wire dtype,
+    ``tp_all_gather_bytes_per_element``; the reduce-scatters' bf16). Megatron keeps activations sequence-first ("sbh")
+    so its collectives run on dim 0 without a copy. Collectives fused with their GEMM (torch AsyncTP) keep one: the
+    fused all-gather-matmul / matmul-reduce-scatter move the sequence dim to the front and back (movedim + flatten in
     torch/distributed/_symmetric_memory ``_fused_all_gather_matmul_impl``), priced as the same copy."""
     if layout.tp <= 1 or setup.activation_layout != "bsh":
         return 0.0
-    total, _ = tp_collective_ops(setup)
-    gathered = setup.micro_batch_size * setup.seq_len / layout.cp * model.hidden_size * 2
-    return total * 2 * gathered
+    ag, rs, _, _ = tp_collective_counts(setup)
+    elements = setup.micro_batch_size * setup.seq_len / layout.cp * model.hidden_size
+    return 2 * elements * (ag * tp_all_gather_bytes_per_element(setup) + rs * 2.0)
 
 
 def main_grad_bytes(weights: float) -> float:
@@ -546,23 +572,30 @@ def predict_train_step(
 
     if tp > 1:  # 2 all-reduces per block forward + 2 backward (Megatron; with SP: AG + RS of the same volume)
         f = _group_fabric(profile, 1, tp)
-        ops, ops_covered = tp_collective_ops(setup)  # all-gathers + reduce-scatters; a pair = one all-reduce
-        n = layers * m * ops // 2
+        ops, _ = tp_collective_ops(setup)
+        n_ag, n_rs, ag_cov, rs_cov = tp_collective_counts(setup)
+        n = layers * m * ops // 2  # all-reduce equivalents (an all-gather + reduce-scatter pair)
         t, algo = comm.all_reduce_time(act_bytes, tp, f)
-        total = n * t
+        op = f"all-reduce ({algo})"
+        t_ag = t_rs = t / 2
+        ag_elem = tp_all_gather_bytes_per_element(setup)
+        if ag_elem < 2.0:  # FP8 all-gathers (tp_all_gather_bytes_per_element); reduce-scatters stay bf16
+            t_ag = comm.all_gather_time(act_bytes * ag_elem / 2, tp, f)
+            t_rs = comm.reduce_scatter_time(act_bytes, tp, f)
+            op = "fp8 all-gathers + reduce-scatters"
+        total = layers * m * (n_ag * t_ag + n_rs * t_rs)
         if setup.tp_comm_overlap:
             # Decomposed overlap (Wang et al. 2023, "Overlap Communication with Dependent Computation via
             # Decomposition", ASPLOS; TE userbuffers, torch AsyncTP): a collective is split into tp chunks, each
             # moved while the GEMM of another runs. An all-gather starts on the local chunk (nothing exposed); a
-            # reduce-scatter sends its last chunk after the last GEMM piece: 1/tp of it, half the collectives, stays
+            # reduce-scatter sends its last chunk after the last GEMM piece: 1/tp of each fused reduce-scatter stays
             # exposed. Which passes are covered depends on the framework: TE (Megatron --tp-comm-overlap) overlaps
             # forward and backward; torch AsyncTP fuses only forward (and recompute) patterns - in the backward graph
             # the reduce-scatters take sums of matmuls, not one matmul (pytorch/pytorch#149946), and its authors
             # report ~20% forward but ~8% end-to-end speedup on Llama 3 70B (PyTorch dev-discuss, "Introducing Async
             # Tensor Parallelism in PyTorch", 2024).
-            n_cover = layers * m * ops_covered // 2
-            covered = n_cover * t
-            tail = covered / (2 * tp)
+            covered = layers * m * (ag_cov * t_ag + rs_cov * t_rs)
+            tail = layers * m * rs_cov * t_rs / tp
             window = gemm_per_layer_mb * layers * m * (covered / total)
             exposed = (total - covered) + tail + max(0.0, covered - tail - window)
             note = "overlapped with the block's GEMMs (tp_comm_overlap), 1/tp of each reduce-scatter exposed" + (
@@ -577,11 +610,16 @@ def predict_train_step(
         pred.comm.append(
             CommTerm(
                 "tp",
-                f"all-reduce ({algo})",
+                op,
                 f.name,
                 n,
                 act_bytes,
-                n * comm.ring_all_reduce_bytes(act_bytes, tp),
+                layers
+                * m
+                * (
+                    n_ag * comm.all_gather_bytes(act_bytes * ag_elem / 2, tp)
+                    + n_rs * comm.reduce_scatter_bytes(act_bytes, tp)
+                ),
                 total,
                 exposed,
                 note,
