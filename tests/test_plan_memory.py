@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from phase6.plan import memory as memory_mod
 from phase6.plan.memory import (
     GIB,
     ParallelLayout,
@@ -66,9 +67,42 @@ def test_activation_checkpointing_keeps_only_block_inputs() -> None:
         m, lay, TrainSetup(seq_len=4096, global_batch_tokens=8 * 4096, zero=3, activation_checkpointing=True)
     )
     per_layer = activation_bytes_per_layer(m, 4096, 1)
-    assert no_ac.activations == pytest.approx(32 * per_layer)
-    assert ac.activations == pytest.approx(32 * 2 * 4096 * 4096 + per_layer)
+    workspace = 2 * (2 * 4096 * 14336 + 4096 * 4096)  # grads of w1/w3 outputs + the block output's grad
+    assert no_ac.activations == pytest.approx(32 * per_layer + workspace)
+    # 32 block inputs, the recomputed block minus its input (its checkpoint), the backward's working set
+    assert ac.activations == pytest.approx(32 * 2 * 4096 * 4096 + per_layer - 2 * 4096 * 4096 + workspace)
     assert ac.total < no_ac.total
+
+
+def test_sequence_parallel_gathered_inputs_and_eager_swiglu_are_counted() -> None:
+    # torchtitan SP saves the all-gathered QKV and MLP inputs at full length; eager SwiGLU saves a 4th s·f tensor
+    m = resolve_model("llama3.1-8b")
+    s, h, f = 8192, 4096, 14336
+    base = activation_bytes_per_layer(m, s, 1, tp=4)
+    gathered = activation_bytes_per_layer(m, s, 1, tp=4, sp_gathered=True)
+    assert gathered - base == pytest.approx(2 * (2 * s * h) * (1 - 1 / 4))
+    assert activation_bytes_per_layer(m, s, 1, tp=1, sp_gathered=True) == activation_bytes_per_layer(m, s, 1, tp=1)
+    eager = activation_bytes_per_layer(m, s, 1, tp=4, eager_swiglu=True)
+    assert eager - base == pytest.approx(2 * s * f / 4)
+    # the same through TrainSetup: activation_layout bsh (torchtitan) and fused_elementwise false
+    lay = ParallelLayout(dp=2, tp=4)
+    kw = dict(seq_len=s, global_batch_tokens=2 * s, zero=1)
+    tt = train_memory(m, lay, TrainSetup(activation_layout="bsh", fused_elementwise=False, **kw)).activations
+    mg = train_memory(m, lay, TrainSetup(**kw)).activations
+    ws_extra = 2 * (s - s / 4) * h  # the block output's grad is gathered too
+    assert tt - mg == pytest.approx(32 * (2 * (2 * s * h) * 0.75 + 2 * s * f / 4) + ws_extra)
+
+
+def test_selective_ac_keeps_what_torchtitan_op_sac_saves() -> None:
+    # saved per block: input + wq out + wv out + attention out + fp32 lse + w1 out + w2 out (full length with SP)
+    m = resolve_model("llama3.1-70b")
+    s, h, q, kv, f, heads, tp = 8192, 8192, 8192, 1024, 28672, 64, 4
+    setup = TrainSetup(seq_len=s, global_batch_tokens=s, zero=1, selective_ac=True, activation_layout="bsh")
+    t = memory_mod.activation_terms(m, setup, tp=tp)
+    kept = 2 * s * (q + kv + q + f) / tp + 4 * s * heads / tp + 2 * s * h
+    assert t["saved"] == pytest.approx(2 * s * h / tp + kept)
+    assert t["recompute"] == pytest.approx(t["per_layer"] - 2 * s * h / tp - (kept - 2 * s * h))
+    assert t["saved"] < t["per_layer"]
 
 
 def test_train_memory_shards_states_over_dp_and_tp() -> None:
@@ -88,9 +122,10 @@ def test_pipeline_schedules_hold_different_microbatch_counts() -> None:
     onef = train_memory(m, lay, TrainSetup(pp_schedule="1f1b", **kw)).activations
     inter = train_memory(m, lay, TrainSetup(pp_schedule="interleaved", virtual_stages=2, **kw)).activations
     per_layer = activation_bytes_per_layer(m, 2048, 1)
-    assert gpipe == pytest.approx(8 * 16 * per_layer)  # 8 layers/stage x all 16 micro-batches
-    assert onef == pytest.approx(8 * 4 * per_layer)  # x p = 4 in flight
-    assert inter == pytest.approx(onef * (1 + 3 / 8))
+    ws = 2 * (2 * 2048 * 14336 + 2048 * 4096)  # one backward working set, whatever the schedule
+    assert gpipe == pytest.approx(8 * 16 * per_layer + ws)  # 8 layers/stage x all 16 micro-batches
+    assert onef == pytest.approx(8 * 4 * per_layer + ws)  # x p = 4 in flight
+    assert inter - ws == pytest.approx((onef - ws) * (1 + 3 / 8))
 
 
 def test_llama70b_bf16_serving_fit_on_80gb() -> None:
@@ -139,7 +174,8 @@ def test_pp_with_fsdp_keeps_the_stage_unsharded_as_torchtitan_does() -> None:
     assert mem.transient >= stage * (2 + 4) * 0.95  # bf16 params + unsharded grads of the stage stay resident
     assert 70 <= mem.total / GIB <= 85
     no_pp = train_memory(m, ParallelLayout(dp=64, tp=8), s, overhead_gib=1.5)
-    assert no_pp.transient < mem.transient / 10  # without PP only two blocks are gathered at a time
+    # without PP only one block's 10 B/param FSDP2 buffers (2 gathered + grads + reduce input) vs 16 blocks x 6 B
+    assert no_pp.transient < mem.transient / 9
 
 
 def test_serving_reserve_grows_with_context_up_to_the_chunk() -> None:
@@ -164,3 +200,13 @@ def test_fp32_main_grads_hold_4_bytes_per_param() -> None:
     bf16 = train_memory(m, lay, base)
     fp32 = train_memory(m, lay, dataclasses.replace(base, fp32_grad_accumulation=True))
     assert fp32.grads == 2 * bf16.grads and fp32.params == bf16.params and fp32.optimizer == bf16.optimizer
+
+
+def test_zero3_buffers_follow_fsdp2_post_backward() -> None:
+    # 10 B per block param (2 gathered bf16 blocks + bf16 grads + the previous fp32 reduce-scatter input) once the
+    # first backward block's activations are freed; only the two gathered blocks (4 B) at the activation peak
+    p = 1e9
+    assert memory_mod.zero3_buffer_bytes(p, 0.0) == pytest.approx(10 * p)  # full AC: tiny kept bytes
+    assert memory_mod.zero3_buffer_bytes(p, 3e9) == pytest.approx(7 * p)
+    assert memory_mod.zero3_buffer_bytes(p, 20e9) == pytest.approx(4 * p)  # large activations: the 4 B moment
+    assert memory_mod.zero3_buffer_bytes(p, 0.0, grad_reduce_bytes=2) == pytest.approx(8 * p)
