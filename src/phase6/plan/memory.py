@@ -234,8 +234,9 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int =
     ``checkpoint`` (a block's input, kept under full AC), ``saved`` (what a block keeps between forward and backward
     under the setup's AC mode), ``recompute`` (what the block being recomputed adds in backward on top of its kept
     bytes: full AC the rest of the block, selective what SAC did not save), ``workspace`` (the backward's gradient
-    working set at its peak, one block: the gathered grad of the block output 2·s_g·b·h plus two s·b·f/TP grads of
-    the SwiGLU backward alive at once, s_g = s with torchtitan SP, s/TP otherwise)."""
+    working set at its peak, the SwiGLU backward of one block: two s·b·f/TP grads alive at once, plus with TP > 1
+    the block output's grad all-gathered to full length, 2·s·b·h (SP's reduce-scatter backward, torchtitan and
+    Megatron alike; at TP 1 that grad is the incoming one, already counted))."""
     s, b = setup.seq_len / cp, setup.micro_batch_size
     sp_gathered = setup.sp_gathered_inputs and tp > 1
     eager = not setup.fused_elementwise
@@ -244,8 +245,7 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int =
     )
     checkpoint = 2 * s * b * model.hidden_size / tp
     f = model.expert_size * max(1, model.experts_per_token) if model.is_moe else model.intermediate_size
-    s_g = s if sp_gathered else s / tp
-    workspace = 2 * (2 * s * b * f / tp + s_g * b * model.hidden_size)
+    workspace = 2 * (2 * s * b * f / tp + (s * b * model.hidden_size if tp > 1 else 0.0))
     if setup.activation_checkpointing:
         saved, recompute = checkpoint, per_layer - checkpoint  # the recomputed block's input is its checkpoint
     elif setup.selective_ac and model.gated_mlp and not model.is_moe and setup.flash_attention:
@@ -264,18 +264,27 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int =
     }
 
 
-def zero3_buffer_bytes(layer_params: float, block_saved: float, grad_reduce_bytes: int = 4) -> float:
-    """ZeRO-3 / FSDP2 buffers (no PP) on top of the activations at the joint peak, per GPU.
+def zero3_buffer_bytes(
+    layer_params: float, block_saved: float, block_backward: float = 0.0, grad_reduce_bytes: int = 4
+) -> float:
+    """ZeRO-3 / FSDP2 buffers (no PP) on top of the activation peak, per GPU: P = one block's parameters per GPU.
 
-    FSDP2's backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward``) holds, while block
-    i's backward runs: block i and the prefetched block i-1 gathered in bf16 (2·2 B), block i's unsharded bf16 grads
-    (2 B), and block i+1's reduce-scatter input in the reduce dtype (``grad_reduce_bytes``), kept in flight until
-    block i's reduce (``reduce_scatter_max_input_buffers`` = 1): 10 B per block parameter with fp32 reduce. The first
-    block in backward (the last of the stage) has no reduce input in flight and its grads are being created, so at
-    the activation peak only the two gathered blocks (4 B) are there; by the time 10 B are, the last block's kept
-    activations (``block_saved``) are freed. The term is the larger of the two moments."""
-    full = layer_params * (2 * PARAM_BYTES + GRAD_BYTES + grad_reduce_bytes)
-    return max(layer_params * 2 * PARAM_BYTES, full - block_saved)
+    FSDP2's backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward``: reshard, reclaim the
+    previous reduce-scatter input, copy this block's grads into a new one kept in flight, ``reduce_scatter_max_input_
+    buffers`` = 1) holds, while block i's backward runs: block i and the prefetched block i-1 gathered in bf16 (2·2 B),
+    block i's unsharded bf16 grads as they are produced (2 B), and block i+1's reduce-scatter input in the reduce
+    dtype (``grad_reduce_bytes``). The activation peak is at the first block in backward's working set
+    (``block_backward`` = its recompute + working set, over ``block_saved`` kept bytes per block); the joint peak is
+    the largest of three moments, measured from the activation peak:
+    - A, the first block in backward: nothing in flight yet, 2·2 B·P;
+    - B, the second block's working set: 2·2 B·P + the first block's reduce input, its kept bytes freed: - block_saved;
+    - C, the end of the second block: all 10 B·P, both blocks' kept bytes and the working set freed.
+    Its weight grads as they appear are in the plain peak too (transient before the accumulate), so they cancel in A
+    and B."""
+    a = layer_params * 2 * PARAM_BYTES
+    b = layer_params * (2 * PARAM_BYTES + grad_reduce_bytes) - block_saved
+    c = layer_params * (2 * PARAM_BYTES + GRAD_BYTES + grad_reduce_bytes) - 2 * block_saved - block_backward
+    return max(a, b, c)
 
 
 def _inflight_microbatches(setup: TrainSetup, pp: int, m: int) -> float:
@@ -361,7 +370,12 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
             # only after the last micro-batch: the whole stage's bf16 params and its unsharded grads stay resident.
             transient = (dense_gpu + expert_gpu) * (PARAM_BYTES + setup.grad_reduce_bytes)
         elif setup.zero >= 3:
-            transient = zero3_buffer_bytes(layer_gpu, stage_inflight * terms["saved"], setup.grad_reduce_bytes)
+            transient = zero3_buffer_bytes(
+                layer_gpu,
+                stage_inflight * terms["saved"],
+                terms["recompute"] + terms["workspace"],
+                setup.grad_reduce_bytes,
+            )
         cal = memory_calibration()
         if cal:
             acts *= float(cal["activations"].get(setup.ac_mode, 1.0))
