@@ -233,10 +233,11 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int =
     """Per-block activation terms of one micro-batch (bytes): ``per_layer`` (everything a block saves, no AC),
     ``checkpoint`` (a block's input, kept under full AC), ``saved`` (what a block keeps between forward and backward
     under the setup's AC mode), ``recompute`` (what the block being recomputed adds in backward on top of its kept
-    bytes: full AC the rest of the block, selective what SAC did not save), ``workspace`` (the backward's gradient
-    working set at its peak, the SwiGLU backward of one block: two s·b·f/TP grads alive at once, plus with TP > 1
-    the block output's grad all-gathered to full length, 2·s·b·h (SP's reduce-scatter backward, torchtitan and
-    Megatron alike; at TP 1 that grad is the incoming one, already counted))."""
+    bytes: full AC the rest of the block, selective what SAC did not save), ``workspace`` (the backward's working set at its peak, one block's MLP backward, the larger of two
+    moments: in w2's backward, the grad of its input s·b·f/TP, its weight's gradient h·f/TP as the GEMM writes it
+    before it is added into the accumulated grad, and with TP > 1 the block output's grad all-gathered to full length
+    s·b·h (SP's reduce-scatter backward, torchtitan and Megatron alike); or in the SwiGLU backward, two s·b·f/TP grads
+    with the product's saved tensor already freed))."""
     s, b = setup.seq_len / cp, setup.micro_batch_size
     sp_gathered = setup.sp_gathered_inputs and tp > 1
     eager = not setup.fused_elementwise
@@ -245,7 +246,12 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int =
     )
     checkpoint = 2 * s * b * model.hidden_size / tp
     f = model.expert_size * max(1, model.experts_per_token) if model.is_moe else model.intermediate_size
-    workspace = 2 * (2 * s * b * f / tp + (s * b * model.hidden_size if tp > 1 else 0.0))
+    h = model.hidden_size
+    f_w = model.expert_size if model.is_moe else model.intermediate_size  # the largest weight is h x f_w / TP
+    at_w2 = s * b * f / tp + h * f_w / tp + (s * b * h if tp > 1 else 0.0)
+    workspace = 2 * max(at_w2, 2 * s * b * f / tp)
+    # grads a ZeRO-3 block has produced by the working-set peak: w2's, when the peak is the SwiGLU backward (after it)
+    grads_at_peak = 2 * h * f_w / tp if 2 * s * b * f / tp > at_w2 else 0.0
     if setup.activation_checkpointing:
         saved, recompute = checkpoint, per_layer - checkpoint  # the recomputed block's input is its checkpoint
     elif setup.selective_ac and model.gated_mlp and not model.is_moe and setup.flash_attention:
@@ -261,11 +267,16 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int =
         "saved": saved,
         "recompute": recompute,
         "workspace": workspace,
+        "grads_at_peak": grads_at_peak,
     }
 
 
 def zero3_buffer_bytes(
-    layer_params: float, block_saved: float, block_backward: float = 0.0, grad_reduce_bytes: int = 4
+    layer_params: float,
+    block_saved: float,
+    block_backward: float = 0.0,
+    grad_reduce_bytes: int = 4,
+    grads_at_peak: float = 0.0,
 ) -> float:
     """ZeRO-3 / FSDP2 buffers (no PP) on top of the activation peak, per GPU: P = one block's parameters per GPU.
 
@@ -276,13 +287,12 @@ def zero3_buffer_bytes(
     dtype (``grad_reduce_bytes``). The activation peak is at the first block in backward's working set
     (``block_backward`` = its recompute + working set, over ``block_saved`` kept bytes per block); the joint peak is
     the largest of three moments, measured from the activation peak:
-    - A, the first block in backward: nothing in flight yet, 2·2 B·P;
-    - B, the second block's working set: 2·2 B·P + the first block's reduce input, its kept bytes freed: - block_saved;
-    - C, the end of the second block: all 10 B·P, both blocks' kept bytes and the working set freed.
-    Its weight grads as they appear are in the plain peak too (transient before the accumulate), so they cancel in A
-    and B."""
-    a = layer_params * 2 * PARAM_BYTES
-    b = layer_params * (2 * PARAM_BYTES + grad_reduce_bytes) - block_saved
+    - A, the first block in backward: nothing in flight yet, 2·2 B·P + the grads it has produced by its working-set
+      peak (``grads_at_peak``; the plain run holds all grads already, so only these count);
+    - B, the second block's working set: A + the first block's reduce input, its kept bytes freed: - block_saved;
+    - C, the end of the second block: all 10 B·P, both blocks' kept bytes and the working set freed."""
+    a = layer_params * 2 * PARAM_BYTES + grads_at_peak
+    b = a + layer_params * grad_reduce_bytes - block_saved
     c = layer_params * (2 * PARAM_BYTES + GRAD_BYTES + grad_reduce_bytes) - 2 * block_saved - block_backward
     return max(a, b, c)
 
@@ -375,6 +385,7 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
                 stage_inflight * terms["saved"],
                 terms["recompute"] + terms["workspace"],
                 setup.grad_reduce_bytes,
+                terms["grads_at_peak"],
             )
         cal = memory_calibration()
         if cal:
