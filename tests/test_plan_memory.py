@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from phase6.plan import memory as memory_mod
 from phase6.plan.memory import (
     GIB,
     ParallelLayout,
@@ -66,9 +67,42 @@ def test_activation_checkpointing_keeps_only_block_inputs() -> None:
         m, lay, TrainSetup(seq_len=4096, global_batch_tokens=8 * 4096, zero=3, activation_checkpointing=True)
     )
     per_layer = activation_bytes_per_layer(m, 4096, 1)
-    assert no_ac.activations == pytest.approx(32 * per_layer)
-    assert ac.activations == pytest.approx(32 * 2 * 4096 * 4096 + per_layer)
+    workspace = 2 * (2 * 4096 * 14336)  # s = h: both moments give 2·s·f (TP 1: no gathered output grad)
+    assert no_ac.activations == pytest.approx(32 * per_layer + workspace)
+    # 32 block inputs, the recomputed block minus its input (its checkpoint), the backward's working set
+    assert ac.activations == pytest.approx(32 * 2 * 4096 * 4096 + per_layer - 2 * 4096 * 4096 + workspace)
     assert ac.total < no_ac.total
+
+
+def test_sequence_parallel_gathered_inputs_and_eager_swiglu_are_counted() -> None:
+    # torchtitan SP saves the all-gathered QKV and MLP inputs at full length; eager SwiGLU saves a 4th s·f tensor
+    m = resolve_model("llama3.1-8b")
+    s, h, f = 8192, 4096, 14336
+    base = activation_bytes_per_layer(m, s, 1, tp=4)
+    gathered = activation_bytes_per_layer(m, s, 1, tp=4, sp_gathered=True)
+    assert gathered - base == pytest.approx(2 * (2 * s * h) * (1 - 1 / 4))
+    assert activation_bytes_per_layer(m, s, 1, tp=1, sp_gathered=True) == activation_bytes_per_layer(m, s, 1, tp=1)
+    eager = activation_bytes_per_layer(m, s, 1, tp=4, eager_swiglu=True)
+    assert eager - base == pytest.approx(2 * s * f / 4)
+    # the same through TrainSetup: activation_layout bsh (torchtitan) and fused_elementwise false
+    lay = ParallelLayout(dp=2, tp=4)
+    kw = dict(seq_len=s, global_batch_tokens=2 * s, zero=1)
+    tt = train_memory(m, lay, TrainSetup(activation_layout="bsh", fused_elementwise=False, **kw)).activations
+    mg = train_memory(m, lay, TrainSetup(**kw)).activations
+    # the backward working set is the same for both (SP's output grad is all-gathered in either framework)
+    assert tt - mg == pytest.approx(32 * (2 * (2 * s * h) * 0.75 + 2 * s * f / 4))
+
+
+def test_selective_ac_keeps_what_torchtitan_op_sac_saves() -> None:
+    # saved per block: input + wq out + wv out + attention out + fp32 lse + w1 out + w2 out (full length with SP)
+    m = resolve_model("llama3.1-70b")
+    s, h, q, kv, f, heads, tp = 8192, 8192, 8192, 1024, 28672, 64, 4
+    setup = TrainSetup(seq_len=s, global_batch_tokens=s, zero=1, selective_ac=True, activation_layout="bsh")
+    t = memory_mod.activation_terms(m, setup, tp=tp)
+    kept = 2 * s * (q + kv + q + f) / tp + 4 * s * heads / tp + 2 * s * h
+    assert t["saved"] == pytest.approx(2 * s * h / tp + kept)
+    assert t["recompute"] == pytest.approx(t["per_layer"] - 2 * s * h / tp - (kept - 2 * s * h))
+    assert t["saved"] < t["per_layer"]
 
 
 def test_train_memory_shards_states_over_dp_and_tp() -> None:
@@ -88,9 +122,10 @@ def test_pipeline_schedules_hold_different_microbatch_counts() -> None:
     onef = train_memory(m, lay, TrainSetup(pp_schedule="1f1b", **kw)).activations
     inter = train_memory(m, lay, TrainSetup(pp_schedule="interleaved", virtual_stages=2, **kw)).activations
     per_layer = activation_bytes_per_layer(m, 2048, 1)
-    assert gpipe == pytest.approx(8 * 16 * per_layer)  # 8 layers/stage x all 16 micro-batches
-    assert onef == pytest.approx(8 * 4 * per_layer)  # x p = 4 in flight
-    assert inter == pytest.approx(onef * (1 + 3 / 8))
+    ws = 2 * (2048 * 14336 + 4096 * 14336)  # one working set (w2's backward: s·f + h·f, h > s), any schedule
+    assert gpipe == pytest.approx(8 * 16 * per_layer + ws)  # 8 layers/stage x all 16 micro-batches
+    assert onef == pytest.approx(8 * 4 * per_layer + ws)  # x p = 4 in flight
+    assert inter - ws == pytest.approx((onef - ws) * (1 + 3 / 8))
 
 
 def test_llama70b_bf16_serving_fit_on_80gb() -> None:
@@ -139,7 +174,8 @@ def test_pp_with_fsdp_keeps_the_stage_unsharded_as_torchtitan_does() -> None:
     assert mem.transient >= stage * (2 + 4) * 0.95  # bf16 params + unsharded grads of the stage stay resident
     assert 70 <= mem.total / GIB <= 85
     no_pp = train_memory(m, ParallelLayout(dp=64, tp=8), s, overhead_gib=1.5)
-    assert no_pp.transient < mem.transient / 10  # without PP only two blocks are gathered at a time
+    # without PP only one block's 10 B/param FSDP2 buffers (2 gathered + grads + reduce input) vs 16 blocks x 6 B
+    assert no_pp.transient < mem.transient / 9
 
 
 def test_serving_reserve_grows_with_context_up_to_the_chunk() -> None:
@@ -164,3 +200,72 @@ def test_fp32_main_grads_hold_4_bytes_per_param() -> None:
     bf16 = train_memory(m, lay, base)
     fp32 = train_memory(m, lay, dataclasses.replace(base, fp32_grad_accumulation=True))
     assert fp32.grads == 2 * bf16.grads and fp32.params == bf16.params and fp32.optimizer == bf16.optimizer
+
+
+def test_zero3_buffers_follow_fsdp2_post_backward() -> None:
+    # three moments over the activation peak: A 2 gathered blocks (4 B/param); B + the previous fp32 reduce-scatter
+    # input, one block's kept bytes freed (8 B - saved); C all 10 B, two blocks' kept bytes and the working set freed
+    p = 1e9
+    z = memory_mod.zero3_buffer_bytes
+    assert z(p, 0.0) == pytest.approx(10 * p)  # nothing kept, nothing in backward: C
+    assert z(p, 0.5e9, 1.5e9) == pytest.approx(7.5 * p)  # full AC: B (C = 10 - 1 - 1.5)
+    assert z(p, 0.2e9, 0.5e9) == pytest.approx(9.1 * p)  # C = 10 - 0.4 - 0.5 > B = 7.8
+    assert z(p, 20e9, 1e9) == pytest.approx(4 * p)  # large activations: A
+    assert z(p, 0.0, grad_reduce_bytes=2) == pytest.approx(8 * p)
+    assert z(p, 20e9, 1e9, grads_at_peak=0.3e9) == pytest.approx(4.3 * p)  # w2's grad held at the SwiGLU peak
+
+
+@pytest.mark.slow  # ~11 s alone on the 2-core box (6 CPU fwd+bwd under MemTracker)
+def test_activation_terms_match_live_bytes_of_the_h200_sweep_block_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sweep's own Llama block (torchtitan SP, eager SwiGLU, torchtitan op-SAC), grads preallocated, 3 blocks, with
+    # torch's MemTracker (live storage bytes at dispatch level) as the allocator: saved after forward and the peak
+    # over forward + backward equal activation_terms within 1 % (the remainder: the norms' fp32 rstd per row).
+    # The working set's two moments differ here: w2's backward (s·f + h·f) and the SwiGLU backward (2·s·f).
+    import sys
+    from pathlib import Path
+
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts/repro"))
+    import h200_plan_memory as hm
+
+    monkeypatch.setattr(hm, "DEV", "cpu")
+    h, f, s, n = 256, 1024, 512, 3  # s > h as at 8K sequences (with h > s, CPU mm's own temporaries add ~5 %)
+    shape = {"hidden": h, "heads": 4, "kv_heads": 2, "head_dim": 64, "ffn": f}
+    m = ModelSpec.from_hf_config(
+        dict(model_type="llama", num_hidden_layers=n, hidden_size=h, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=f, vocab_size=1000, max_position_embeddings=4096),
+        name="tiny", source="test",
+    )  # fmt: skip
+    live = lambda mt, kind: sum(v.get("Total", 0) for v in mt.get_tracker_snapshot(kind).values())  # noqa: E731
+    for tp in (1, 2):
+        for ac in ("none", "selective", "full"):
+            torch.manual_seed(0)
+            blocks = [hm.Block(shape, tp, s) for _ in range(n)]
+            for b in blocks:
+                for p in b.parameters():
+                    p.grad = torch.zeros_like(p)
+            x = torch.randn(s // tp, h, dtype=torch.bfloat16, requires_grad=True)
+            g = torch.randn_like(x)
+            mt = MemTracker()
+            mt.track_external(*blocks, x, g)
+            with mt:
+                base = live(mt, "current")
+                out = x
+                for b in blocks:
+                    if ac == "none":
+                        out = b(out)
+                    else:
+                        ctx = {"context_fn": hm.sac_context} if ac == "selective" else {}
+                        out = torch.utils.checkpoint.checkpoint(b, out, use_reentrant=False, **ctx)
+                saved = live(mt, "current") - base
+                out.backward(g)
+            peak = live(mt, "peak") - base
+            setup = TrainSetup(
+                seq_len=s, global_batch_tokens=s, activation_layout="bsh", fused_elementwise=False,
+                activation_checkpointing=ac == "full", selective_ac=ac == "selective",
+            )  # fmt: skip
+            t = memory_mod.activation_terms(m, setup, tp)
+            assert saved == pytest.approx(n * t["saved"], rel=0.01), (tp, ac)
+            assert peak == pytest.approx(n * t["saved"] + t["recompute"] + t["workspace"], rel=0.01), (tp, ac)

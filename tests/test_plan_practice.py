@@ -182,6 +182,8 @@ def test_serving_reserve_from_a_vllm_log() -> None:
 
 
 def _synthetic(factor: float) -> dict:
+    """A sweep JSON whose every measurement is the planner's formula x ``factor`` (ZeRO-3 buffers x 1.25,
+    allocator reserve 10 % of the dynamic bytes), plus one OOM row."""
     sys.path.insert(0, str(ROOT / "scripts/repro"))
     import plan_memory_fit as fitmod
 
@@ -199,68 +201,97 @@ def _synthetic(factor: float) -> dict:
                     "micro_batch": 1,
                     "param_bytes_per_layer": 436207616 // tp,
                     "status": "ok",
+                    "sp": "gathered",
+                    "swiglu": "eager",
+                    "grads": "fsdp2" if z3 else "preallocated",
                 }
-                saved = factor * fitmod.predicted_saved(r)
-                resident = (r["param_bytes_per_layer"] * (3 if not z3 else 3 / 8 + 3 / 8 * 2)) + 1e8
-                act = factor * fitmod.predicted_peak_activations(r)
-                extra = 1.25 * fitmod.predicted_zero3(r) if z3 else 3 * r["param_bytes_per_layer"]
-                peak = resident + act + extra
+                p = fitmod.predicted(r)
+                resident = r["param_bytes_per_layer"] * (3 if not z3 else 3 / 8 * 3) + 1e8
+                dyn = factor * p["peak_act"] + (1.25 * p["zero3"] if z3 else 0.0)
                 r.update(
-                    saved_bytes=saved,
+                    saved_bytes=factor * p["saved"],
                     resident_bytes=resident,
-                    peak_allocated_bytes=peak,
-                    peak_reserved_bytes=peak * 1.1,
+                    peak_allocated_bytes=resident + dyn,
+                    peak_reserved_bytes=resident + 1.1 * dyn,
                 )
                 recs.append(r)
     recs.append({"model": "llama3.1-405b", "tp": 1, "ac": "none", "zero3": False, "layers": 3, "status": "OOM"})
     return {"meta": {"gpu": "synthetic"}, "records": recs}
 
 
-def test_memory_fit_recovers_a_known_activation_factor(tmp_path: Path) -> None:
-    p = tmp_path / "plan_memory.json"
-    p.write_text(json.dumps(_synthetic(1.1)))
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/repro/plan_memory_fit.py"), str(p)],
+def _fit(path: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts/repro/plan_memory_fit.py"), str(path), *extra],
         capture_output=True,
         text=True,
         env={"PYTHONPATH": str(ROOT / "src")},
         timeout=120,
     )
+
+
+def test_memory_fit_recovers_known_factors_per_term_group(tmp_path: Path) -> None:
+    p = tmp_path / "plan_memory.json"
+    p.write_text(json.dumps(_synthetic(1.08)))
+    md = tmp_path / "mem.md"
+    out = _fit(p, "--md", str(md))
     assert out.returncode == 0, out.stderr
     cal = json.loads(out.stdout.split("fit (median measured/predicted): `")[1].split("`")[0])
-    assert cal["activations"] == {"none": 1.1, "selective": 1.1, "full": 1.1}
-    assert cal["zero3_transient"] == 1.25 and cal["reserve_fraction"] > 0
-    assert cal["within_10pct"]["zero3"] == 0.0  # 25% off as the formula stands
-    assert cal["within_10pct_after_fit"]["zero3"] == 1.0
+    assert cal["activations"] == {"none": 1.08, "selective": 1.08, "full": 1.08}
+    assert cal["zero3_transient"] == 1.25 and cal["reserve_fraction"] == pytest.approx(0.1, abs=1e-3)
+    g = cal["groups"]
+    assert g["saved none"]["median"] == 1.08 and g["saved none"]["cases"] == 4  # 2 TP x (plain, ZeRO-3)
+    assert g["none"]["within_10pct"] == 1.0 and g["zero3"]["within_10pct"] == 0.0  # 1.08 in, 1.25 out of the bar
+    assert g["zero3"]["within_10pct_after_fit"] == 1.0
     assert cal["cases"] == 12  # the OOM row is not fitted
+    assert "| ZeRO-3 buffers | 6 | 1.250 |" in md.read_text()
+
+
+def test_memory_fit_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     smoke = tmp_path / "smoke.json"
     smoke.write_text(json.dumps({"meta": {"smoke": True}, "records": []}))
-    bad = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/repro/plan_memory_fit.py"), str(smoke)],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT / "src")},
-        timeout=120,
-    )
+    bad = _fit(smoke)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--smoke" in bad.stderr
+    old = _synthetic(1.0)
+    for r in old["records"]:
+        r.pop("grads", None)  # the 2026-12-02 01:07 records: emulation not named, grads not preallocated
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    bad = _fit(tmp_path / "old.json")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "old.json" in bad.stderr and "rerun" in bad.stderr
 
 
 def test_memory_fit_refuses_to_write_a_group_it_never_measured(tmp_path: Path) -> None:
-    # a budget-cut run (the 2026-12-02 H200 run: 7 plain cases, no ZeRO-3 pair) must not become "measured" factors
+    # a budget-cut run without ZeRO-3 pairs must not become "measured" factors
     data = _synthetic(1.1)
     data["records"] = [r for r in data["records"] if not r["zero3"]]
     p = tmp_path / "plan_memory.json"
     p.write_text(json.dumps(data))
-    fit = [sys.executable, str(ROOT / "scripts/repro/plan_memory_fit.py"), str(p)]
-    env = {"PYTHONPATH": str(ROOT / "src")}
-    shown = subprocess.run(fit, capture_output=True, text=True, env=env, timeout=120)
+    shown = _fit(p)
     assert shown.returncode == 0, shown.stderr
     cal = json.loads(shown.stdout.split("fit (median measured/predicted): `")[1].split("`")[0])
     assert cal["zero3_transient"] is None and cal["activations"]["none"] == 1.1
     existed = memory_mod.MEMORY_CALIBRATION_PATH.exists()
-    bad = subprocess.run([*fit, "--write"], capture_output=True, text=True, env=env, timeout=120)
+    bad = _fit(p, "--write")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "zero3_transient" in bad.stderr
     assert memory_mod.MEMORY_CALIBRATION_PATH.exists() == existed
+
+
+def test_a_written_fit_is_what_train_memory_applies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the patch path: the fit's JSON, read by the planner, scales its terms and adds the reserve
+    sys.path.insert(0, str(ROOT / "scripts/repro"))
+    import plan_memory_fit as fitmod
+
+    _, cal = fitmod.fit(_synthetic(1.1)["records"])
+    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    m = resolve_model("llama3.1-8b")
+    lay = ParallelLayout(dp=8, tp=2)
+    setup = TrainSetup(seq_len=8192, global_batch_tokens=8192 * 8, zero=3, activation_layout="bsh")
+    monkeypatch.setattr(memory_mod, "MEMORY_CALIBRATION_PATH", tmp_path / "none.json")
+    base = train_memory(m, lay, setup)
+    monkeypatch.setattr(memory_mod, "MEMORY_CALIBRATION_PATH", tmp_path / "cal.json")
+    got = train_memory(m, lay, setup)
+    assert got.activations == pytest.approx(1.1 * base.activations)
+    dyn = 1.1 * base.activations + base.logits + 1.25 * base.transient  # the reserve is a fraction of these
+    assert got.transient == pytest.approx(1.25 * base.transient + 0.1 * dyn, rel=1e-3)
 
 
 def test_serving_explain_carries_the_practice_comparison(tmp_path: Path) -> None:

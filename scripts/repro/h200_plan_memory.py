@@ -5,20 +5,24 @@ into the table there is scripts/repro/plan_memory_fit.py (CPU, reads the JSON, c
 
 What runs, per case (torch only, no phase6 import, so it runs from a bare checkout on the device):
 - a stack of ``--layers`` Llama decoder blocks of Llama-3.1-8B / 70B / 405B at the width one tensor-parallel rank holds
-  at TP 1/2/4/8 (query heads, KV heads and the MLP width divided by TP; hidden size whole), bf16 parameters and
-  gradients, sequence 8192, micro-batch 1;
+  at TP 1/2/4/8 (query heads, KV heads and the MLP width divided by TP; hidden size whole), torchtitan's projections
+  (separate wq, wk, wv, wo, w1, w3, w2), bf16 parameters and gradients, sequence 8192, micro-batch 1;
 - sequence parallelism as torchtitan runs it for TP > 1: norms and residuals on seq/TP tokens, an all-gather (emulated
-  by ``repeat``) before the QKV and gate/up projections, a reduce-scatter (emulated by a sum over the TP chunks) after
-  the output and down projections - the gathered GEMM input is what the matmul saves for its backward;
-- fused RMSNorm (saves its input and one fp32 rstd per row, as a compiled/TE norm does), SwiGLU as eager
-  ``silu(gate) * up``, flash attention (SDPA flash backend, GQA without expanding K/V when torch allows it); no RoPE;
+  by ``repeat``) before the QKV and w1/w3 projections, a reduce-scatter (emulated by a sum over the TP chunks) after
+  the wo and w2 projections - the gathered GEMM input is what the matmul saves for its backward;
+- fused RMSNorm (saves its input and one fp32 rstd per row, as a compiled/TE norm does), SwiGLU as torchtitan's eager
+  ``silu(w1 x) * w3 x``, flash attention (SDPA flash backend, GQA without expanding K/V when torch allows it); no RoPE;
 - activation checkpointing none / selective (torchtitan op-level SAC: every other mm output and the attention output
   saved) / full (each block's input only);
-- ``zero3``: a ZeRO-3 / FSDP-style layer: the layer's bf16 params live in one flat buffer whose storage is freed after
+- plain (no ZeRO-3): every bf16 grad preallocated, the steady state of gradient accumulation (micro-batch 2 of m),
+  which is what the planner's params + grads + activations sum describes;
+- ``zero3``: a ZeRO-3 / FSDP2-style layer: the layer's bf16 params live in one flat buffer whose storage is freed after
   the layer's forward and re-allocated (all-gather emulated, shard 1/8 kept) before its backward; one layer prefetched
-  ahead in forward and backward (FSDP2's default); when a block's gradients are all accumulated (bf16), they are
-  copied into one fp32 reduce-scatter input of the block's size (FSDP2's reduce_dtype fp32 foreach_reduce), folded
-  into a 1/8 fp32 shard (reduce-scatter emulated) and dropped.
+  ahead in forward and backward (FSDP2's default); when a block's gradients are all accumulated (bf16), FSDP2's
+  post_backward order: the block is resharded, the previous block's fp32 reduce-scatter input is reclaimed, the grads
+  are copied into a new fp32 reduce-scatter input of the block's size (reduce_dtype fp32), folded into the 1/8 fp32
+  shard (reduce-scatter emulated), and that input is kept in flight until the next block's reduce
+  (reduce_scatter_max_input_buffers = 1).
 Measured per case: parameter bytes, bytes saved for backward (allocated after forward - before), peak allocated and
 peak reserved over forward+backward (torch.cuda.max_memory_{allocated,reserved} after a reset and empty_cache). An
 out-of-memory case is recorded as OOM and the sweep goes on; cases that would start past ``--budget-s`` are recorded
@@ -105,11 +109,15 @@ class Block(torch.nn.Module):
         # Created and initialised on the device: the 2026-12-02 01:07 run built them on the CPU (normal_ on bf16 CPU
         # tensors, then .to(cuda)), ~25 s per 1e9 parameters, which was its whole ~12 s/case (the step is < 1 s).
         mk = lambda *s: torch.nn.Parameter(torch.empty(*s, dtype=torch.bfloat16, device=DEV).normal_(0, 0.02))  # noqa: E731
+        # torchtitan's Llama: separate wq / wk / wv and w1 / w3 (so op-level SAC counts 7 mms per block as it does)
         self.attn_norm = torch.nn.Parameter(torch.ones(h, dtype=torch.bfloat16, device=DEV))
-        self.wqkv = mk((self.hq + 2 * self.hkv) * d, h)
+        self.wq = mk(self.hq * d, h)
+        self.wk = mk(self.hkv * d, h)
+        self.wv = mk(self.hkv * d, h)
         self.wo = mk(h, self.hq * d)
         self.mlp_norm = torch.nn.Parameter(torch.ones(h, dtype=torch.bfloat16, device=DEV))
-        self.w13 = mk(2 * self.f, h)
+        self.w1 = mk(self.f, h)
+        self.w3 = mk(self.f, h)
         self.w2 = mk(h, self.f)
 
     def gather(self, x):  # SP all-gather: [s/tp, h] -> [s, h]
@@ -121,16 +129,13 @@ class Block(torch.nn.Module):
     def forward(self, x):
         s = self.seq
         a = self.gather(RMSNormFn.apply(x, self.attn_norm))
-        qkv = a @ self.wqkv.t()
-        q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
-        q = q.view(1, s, self.hq, self.d).transpose(1, 2)
-        k = k.view(1, s, self.hkv, self.d).transpose(1, 2)
-        v = v.view(1, s, self.hkv, self.d).transpose(1, 2)
+        q = (a @ self.wq.t()).view(1, s, self.hq, self.d).transpose(1, 2)
+        k = (a @ self.wk.t()).view(1, s, self.hkv, self.d).transpose(1, 2)
+        v = (a @ self.wv.t()).view(1, s, self.hkv, self.d).transpose(1, 2)
         o = sdpa(q, k, v).transpose(1, 2).reshape(s, self.hq * self.d)
         x = x + self.scatter(o @ self.wo.t())
         m = self.gather(RMSNormFn.apply(x, self.mlp_norm))
-        gate, up = (m @ self.w13.t()).chunk(2, dim=-1)
-        return x + self.scatter((F.silu(gate) * up) @ self.w2.t())
+        return x + self.scatter((F.silu(m @ self.w1.t()) * (m @ self.w3.t())) @ self.w2.t())
 
 
 GQA_MODE = {"mode": None}
@@ -188,6 +193,7 @@ class Zero3:
     def __init__(self, blocks: list[Block], dp: int):
         self.blocks, self.dp, self.phase = blocks, dp, "fwd"
         self.flat, self.shards, self.grad_shards, self.pending = [], [], [], []
+        self.rs_inflight: torch.Tensor | None = None  # the previous block's reduce-scatter input (FSDP2 keeps one)
         for i, b in enumerate(blocks):
             ps = list(b.parameters())
             n = sum(p.numel() for p in ps)
@@ -236,17 +242,21 @@ class Zero3:
     def _grad_hook(self, i):
         def hook(p):
             self.pending[i] -= 1
-            if self.pending[i] == 0:  # FSDP2's post-backward: one fp32 reduce-scatter input for the whole block
+            if self.pending[i] == 0:  # FSDP2's FSDPParamGroup.post_backward, in its order:
                 ps = list(self.blocks[i].parameters())
-                flat32 = torch.empty(self.flat[i].numel(), dtype=torch.float32, device=DEV)  # reduce_dtype fp32
-                off = 0
+                grads = [q.grad for q in ps]
                 for q in ps:
-                    flat32[off : off + q.numel()].copy_(q.grad.view(-1))
-                    off += q.numel()
                     q.grad = None
+                self._free(i)  # 1. reshard (the block's gathered params freed) before the reduce
+                self.rs_inflight = None  # 2. the previous block's reduce-scatter input reclaimed (max 1 in flight)
+                flat32 = torch.empty(self.flat[i].numel(), dtype=torch.float32, device=DEV)  # 3. copy-in, fp32
+                off = 0
+                for g in grads:
+                    flat32[off : off + g.numel()].copy_(g.view(-1))
+                    off += g.numel()
+                del grads, g  # the unsharded bf16 grads dropped after the copy-in
                 self.grad_shards[i].add_(flat32[: self.grad_shards[i].numel()])  # this rank's 1/dp (emulated)
-                del flat32
-                self._free(i)
+                self.rs_inflight = flat32  # 4. kept until the next block's reduce (ReduceScatterState)
                 self.pending[i] = len(ps)
 
         return hook
@@ -257,16 +267,24 @@ def run_case(model: str, tp: int, ac: str, zero3: bool, layers: int, seq: int, d
     rec = {"model": model, "tp": tp, "ac": ac, "zero3": zero3, "zero3_dp": dp if zero3 else 1, "layers": layers}
     rec.update({"seq": seq, "micro_batch": 1, "hidden": shape["hidden"], "heads_local": shape["heads"] // tp})
     rec.update({"kv_heads_local": max(1, shape["kv_heads"] // tp), "ffn_local": shape["ffn"] // tp})
+    # what the emulation is, for the fit's formula: torchtitan SP (gathered GEMM inputs saved), eager SwiGLU, and
+    # grads preallocated (plain) or FSDP2 buffers (zero3)
+    rec.update({"sp": "gathered", "swiglu": "eager", "grads": "fsdp2" if zero3 else "preallocated"})
     rec["head_dim"] = shape["head_dim"]
     blocks = x = y = z3 = None
     MEM.empty_cache()
     base = MEM.memory_allocated()
+    rec["base_bytes"] = base  # allocated before the case (cuBLAS workspace etc.); the byte fields are relative to it
     try:
         t_init = time.monotonic()
         blocks = [Block(shape, tp, seq) for _ in range(layers)]
         rec["param_bytes_per_layer"] = sum(p.numel() * 2 for p in blocks[0].parameters())
         if zero3:
             z3 = Zero3(blocks, dp)
+        else:  # gradient accumulation's steady state (micro-batch 2 of m): every bf16 grad already allocated
+            for b in blocks:
+                for p in b.parameters():
+                    p.grad = torch.zeros_like(p)
         MEM.synchronize()
         rec["init_s"] = round(time.monotonic() - t_init, 3)
         t_step = time.monotonic()

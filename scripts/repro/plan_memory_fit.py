@@ -1,20 +1,21 @@
 """Fit `phase6 plan`'s training-memory terms to scripts/repro/h200_plan_memory.py's JSON (issue 30).
 
-Reproduces docs/benchmarks.md "## plan memory measured on one H200 (issue 30)": per case, measured vs predicted for
-three term groups, then the factors the planner applies (phase6.plan.memory.memory_calibration):
-- activations (the factor the planner applies, per AC mode): peak allocated - resident - every block's bf16 grads vs
-  the planner's ``activations`` term (none: per-layer x layers; selective: (block input + per-layer/2) x layers +
-  per-layer/2; full: block input x layers + one block recomputed); the bytes saved after the forward (allocated after
-  the forward vs the same formula without the recompute) are reported beside it;
-- ZeRO-3 buffers: the extra peak of the ZeRO-3 run over the same case without it, plus the gradients the plain run
-  keeps (all layers) and minus the 1/dp shards, vs the planner's gathered-layer term: layer params x (2 x 2 B + 4 B);
-- allocator reserve: (peak reserved - peak allocated) / the dynamic bytes (peak allocated - resident).
-The factor of a group is the median measured/predicted over its cases; ``--write`` stores them in
-src/phase6/plan/memory_calibration.json (the planner then reports its memory term as measured on a GPU). ``--write``
-is refused (exit 2, nothing written) when a group has no measured case (e.g. a partial, budget-cut run without
-ZeRO-3 pairs); whether a complete fit is meaningful is for the reader of the table to judge, see the section.
+Reproduces docs/benchmarks.md "## plan memory measured on one H200 (issue 30)". Per measured case, the planner's own
+terms (phase6.plan.memory.activation_terms / zero3_buffer_bytes, with the setup the sweep emulates: torchtitan SP =
+``activation_layout: bsh``, eager SwiGLU = ``fused_elementwise: false``) against four term groups:
+- saved after the forward (per AC mode): allocated after the forward - before  vs  layers x ``saved`` (the first
+  block's input is resident before the case and the stack's output is new; both are one checkpoint, so they cancel);
+- activations at the backward's peak (per AC mode, plain cases): peak allocated - resident (params + preallocated
+  grads + input + output grad)  vs  the planner's ``activations`` term: layers x saved + recompute + workspace;
+- ZeRO-3 buffers: (peak - resident) of the ZeRO-3 case - the same of its plain twin  vs  ``zero3_buffer_bytes``;
+- allocator reserve: (peak reserved - peak allocated) / (peak allocated - resident); no formula, a fitted margin.
+Fitted: per group the median measured/predicted (activations per AC mode, ``zero3_transient``), and the allocator
+reserve as the largest fraction seen (a margin, so the worst case). ``--write`` stores them in
+src/phase6/plan/memory_calibration.json, which ``train_memory`` reads (activations x factor, ZeRO-3 buffers x factor,
++ reserve x dynamic bytes) and ``--explain`` then calls measured. ``--write`` is refused (exit 2, nothing written)
+when a group has no measured case (e.g. a budget-cut run without ZeRO-3 pairs).
 
-    python scripts/repro/plan_memory_fit.py RESULTS/plan_memory.json [--write] [--md OUT.md]
+    python scripts/repro/plan_memory_fit.py RESULTS/plan_memory.json [--md OUT.md] [--write]
 """
 
 from __future__ import annotations
@@ -28,10 +29,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from phase6.plan.memory import MEMORY_CALIBRATION_PATH, activation_bytes_per_layer  # noqa: E402
+from phase6.plan.memory import (  # noqa: E402
+    MEMORY_CALIBRATION_PATH,
+    TrainSetup,
+    activation_terms,
+    zero3_buffer_bytes,
+)
 from phase6.plan.model import ModelSpec, load_preset  # noqa: E402
 
 GIB = 2**30
+AC_MODES = ("none", "selective", "full")
 LLAMA_405B = {
     "model_type": "llama",
     "num_hidden_layers": 126,
@@ -51,31 +58,32 @@ def spec(name: str) -> ModelSpec:
     return ModelSpec.from_fields(load_preset(name), name=name, source=f"configs/plan/model/{name}.yaml")
 
 
-def predicted_saved(rec: dict) -> float:
-    m = spec(rec["model"])
-    per_layer = activation_bytes_per_layer(m, rec["seq"], rec["micro_batch"], rec["tp"])
-    ckpt = 2.0 * rec["seq"] * rec["micro_batch"] * m.hidden_size / rec["tp"]
-    unit = {"none": per_layer, "selective": ckpt + 0.5 * per_layer, "full": ckpt}[rec["ac"]]
-    return rec["layers"] * unit
+def setup_of(rec: dict) -> TrainSetup:
+    """The TrainSetup the sweep's case emulates (record fields sp: gathered | sharded, swiglu: eager | fused)."""
+    if "grads" not in rec:  # the 2026-12-02 01:07 run: grads not preallocated, so peak - resident means another thing
+        raise ValueError("a record without sp/swiglu/grads (written before the sweep named its emulation): rerun it")
+    return TrainSetup(
+        seq_len=rec["seq"],
+        global_batch_tokens=rec["seq"] * rec["micro_batch"],
+        micro_batch_size=rec["micro_batch"],
+        activation_checkpointing=rec["ac"] == "full",
+        selective_ac=rec["ac"] == "selective",
+        activation_layout="bsh" if rec.get("sp") == "gathered" else "sbh",
+        fused_elementwise=rec.get("swiglu") != "eager",
+    )
 
 
-def predicted_peak_activations(rec: dict) -> float:
-    """The planner's ``activations`` term for the case (phase6.plan.memory.train_memory, no PP): what is alive at the
-    backward's peak - none: every block's; selective: block input + half per block, plus half a block recomputed;
-    full: block inputs plus one block recomputed."""
-    m = spec(rec["model"])
-    per_layer = activation_bytes_per_layer(m, rec["seq"], rec["micro_batch"], rec["tp"])
-    ckpt = 2.0 * rec["seq"] * rec["micro_batch"] * m.hidden_size / rec["tp"]
+def predicted(rec: dict) -> dict[str, float]:
+    """The planner's terms for one case (bytes): saved after forward, activations at peak, ZeRO-3 buffers."""
+    t = activation_terms(spec(rec["model"]), setup_of(rec), rec["tp"])
     n = rec["layers"]
     return {
-        "none": n * per_layer,
-        "selective": n * (ckpt + 0.5 * per_layer) + 0.5 * per_layer,
-        "full": n * ckpt + per_layer,
-    }[rec["ac"]]
-
-
-def predicted_zero3(rec: dict) -> float:
-    return rec["param_bytes_per_layer"] / 2 * (2 * 2 + 4)  # params x (2 gathered bf16 blocks + fp32 grads)
+        "saved": n * t["saved"],
+        "peak_act": n * t["saved"] + t["recompute"] + t["workspace"],
+        "zero3": zero3_buffer_bytes(
+            rec["param_bytes_per_layer"] / 2, t["saved"], t["recompute"] + t["workspace"], 4, t["grads_at_peak"]
+        ),
+    }
 
 
 def fit(records: list[dict]) -> tuple[list[dict], dict]:
@@ -83,55 +91,51 @@ def fit(records: list[dict]) -> tuple[list[dict], dict]:
     if not ok:
         raise ValueError("no usable record (status ok with measured bytes): nothing to fit")
     plain = {(r["model"], r["tp"], r["ac"]): r for r in ok if not r["zero3"]}
-    rows, ratios = [], {"none": [], "selective": [], "full": [], "zero3": [], "reserve": []}
+    rows = []
+    ratios: dict[str, list[float]] = {g: [] for g in (*[f"saved {a}" for a in AC_MODES], *AC_MODES, "zero3")}
+    reserve: list[float] = []
     for r in ok:
+        p = predicted(r)
         row = {k: r[k] for k in ("model", "tp", "ac", "zero3", "layers")}
-        pred = predicted_saved(r)
-        row["saved_gib"] = r["saved_bytes"] / GIB
-        row["saved_pred_gib"] = pred / GIB
-        row["saved_ratio"] = r["saved_bytes"] / pred
-        if not r["zero3"]:  # activations alive at the peak = peak - resident - the bf16 grads of every block
-            act = r["peak_allocated_bytes"] - r["resident_bytes"] - r["layers"] * r["param_bytes_per_layer"]
-            row["peak_act_gib"] = act / GIB
-            row["peak_act_pred_gib"] = predicted_peak_activations(r) / GIB
-            row["peak_act_ratio"] = act / predicted_peak_activations(r)
-            ratios[r["ac"]].append(row["peak_act_ratio"])
+        row.update(saved_gib=r["saved_bytes"] / GIB, saved_pred_gib=p["saved"] / GIB)
+        row["saved_ratio"] = r["saved_bytes"] / p["saved"]
+        ratios[f"saved {r['ac']}"].append(row["saved_ratio"])
         dyn = r["peak_allocated_bytes"] - r["resident_bytes"]
-        row["reserve_fraction"] = (r["peak_reserved_bytes"] - r["peak_allocated_bytes"]) / dyn if dyn > 0 else None
-        if row["reserve_fraction"] is not None:
-            ratios["reserve"].append(row["reserve_fraction"])
+        if not r["zero3"]:
+            row.update(peak_act_gib=dyn / GIB, peak_act_pred_gib=p["peak_act"] / GIB)
+            row["peak_act_ratio"] = dyn / p["peak_act"]
+            ratios[r["ac"]].append(row["peak_act_ratio"])
         base = plain.get((r["model"], r["tp"], r["ac"]))
         if r["zero3"] and base:
-            grads_plain = r["layers"] * r["param_bytes_per_layer"]
-            shards = r["resident_bytes"] - (base["resident_bytes"] - r["layers"] * r["param_bytes_per_layer"])
-            meas = (
-                (r["peak_allocated_bytes"] - base["peak_allocated_bytes"])
-                + grads_plain
-                + (base["resident_bytes"] - r["resident_bytes"])
-            )
-            row["zero3_gib"] = meas / GIB
-            row["zero3_pred_gib"] = predicted_zero3(r) / GIB
-            row["zero3_ratio"] = meas / predicted_zero3(r)
-            row["shard_gib"] = shards / GIB
+            meas = dyn - (base["peak_allocated_bytes"] - base["resident_bytes"])
+            row.update(zero3_gib=meas / GIB, zero3_pred_gib=p["zero3"] / GIB, zero3_ratio=meas / p["zero3"])
             ratios["zero3"].append(row["zero3_ratio"])
+        free = r["peak_reserved_bytes"] - r["peak_allocated_bytes"] - r.get("base_bytes", 0)  # reserved is absolute
+        row["reserve_fraction"] = free / dyn if dyn > 0 else None
+        if row["reserve_fraction"] is not None:
+            reserve.append(row["reserve_fraction"])
         rows.append(row)
     med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
+    within = lambda xs, c: round(sum(1 for x in xs if abs(x / c - 1) <= 0.10) / len(xs), 3)  # noqa: E731
+    groups = {
+        g: {
+            "cases": len(xs),
+            "median": med(xs),
+            "min": round(min(xs), 3),
+            "max": round(max(xs), 3),
+            "within_10pct": within(xs, 1.0),  # the formula as it stands
+            "within_10pct_after_fit": within(xs, statistics.median(xs)),  # after the group's one factor
+        }
+        for g, xs in ratios.items()
+        if xs
+    }
     cal = {
         "source": "scripts/repro/h200_plan_memory.py on one H200, fitted by scripts/repro/plan_memory_fit.py",
-        "activations": {k: med(ratios[k]) for k in ("none", "selective", "full") if ratios[k]},
-        "zero3_transient": med(ratios["zero3"]),  # None: no ZeRO-3 pair measured (never shown as a fitted 1.0)
-        "reserve_fraction": med(ratios["reserve"]),
+        "activations": {a: groups[a]["median"] for a in AC_MODES if a in groups},
+        "zero3_transient": groups["zero3"]["median"] if "zero3" in groups else None,  # None: never shown as 1.0
+        "reserve_fraction": round(max(reserve), 3) if reserve else None,  # a margin: the worst case seen
         "cases": len(ok),
-        "within_10pct": {  # share of cases whose formula (as is) is within 10% of the measurement
-            k: round(sum(1 for x in ratios[k] if abs(x - 1) <= 0.10) / len(ratios[k]), 3) if ratios[k] else None
-            for k in ("none", "selective", "full", "zero3")
-        },
-        "within_10pct_after_fit": {  # the same after the group's factor (one number per group, not per case)
-            k: round(sum(1 for x in ratios[k] if abs(x / statistics.median(ratios[k]) - 1) <= 0.10) / len(ratios[k]), 3)
-            if ratios[k]
-            else None
-            for k in ("none", "selective", "full", "zero3")
-        },
+        "groups": groups,
     }
     return rows, cal
 
@@ -140,7 +144,23 @@ def markdown(rows: list[dict], cal: dict, meta: dict) -> str:
     f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
     out = [
         f"Measured on {meta.get('gpu')} ({meta.get('date_utc')} UTC, torch {meta.get('torch')}, seq {meta.get('seq')},"
-        f" {meta.get('layers')} layers, GQA {meta.get('gqa_mode')}).",
+        f" {meta.get('layers')} layers, GQA {meta.get('gqa_mode')}, sweep wall {meta.get('wall_s')} s).",
+        "",
+        "Per term group (ratio = measured / the planner's formula; the issue's bar: within 10 %):",
+        "",
+        "| term group | cases | median | min | max | within 10 % (formula) | within 10 % (after the group's factor) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for g, v in cal["groups"].items():
+        name = {"zero3": "ZeRO-3 buffers"}.get(g, g if g.startswith("saved") else f"activations at peak, AC {g}")
+        out.append(
+            f"| {name} | {v['cases']} | {v['median']:.3f} | {v['min']:.3f} | {v['max']:.3f} | "
+            f"{v['within_10pct']:.0%} | {v['within_10pct_after_fit']:.0%} |"
+        )
+    out += [
+        "",
+        f"Fitted: activations x {cal['activations']}, ZeRO-3 buffers x {cal['zero3_transient']}, allocator reserve "
+        f"{cal['reserve_fraction']} x dynamic bytes (largest seen).",
         "",
         "| model | tp | ac | zero3 | saved GiB | predicted | ratio | activations at peak GiB | predicted | ratio "
         "| ZeRO-3 buffers GiB | predicted | ratio | reserve/dyn |",
@@ -174,12 +194,17 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"{p}: a --smoke run (CPU logic check) has no memory numbers to fit")
         rows, cal = fit(data["records"])
         if a.write:
-            missing = [g for g in ("none", "selective", "full") if g not in cal["activations"]]
+            missing = [g for g in AC_MODES if g not in cal["activations"]]
             missing += [g for g in ("zero3_transient", "reserve_fraction") if cal[g] is None]
             if missing:  # the planner would report an unmeasured term as measured on a GPU
                 raise ValueError(f"{p}: --write refused, no measured case for {', '.join(missing)}; nothing written")
-    except (ValueError, KeyError, json.JSONDecodeError) as e:
-        print(f"plan_memory_fit: {e}", file=sys.stderr)
+    except KeyError as e:
+        print(f"plan_memory_fit: {p}: a record lacks key {e}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, json.JSONDecodeError) as e:
+        print(
+            f"plan_memory_fit: {p}: {e}" if not str(e).startswith(str(p)) else f"plan_memory_fit: {e}", file=sys.stderr
+        )
         return 2
     md = markdown(rows, cal, data.get("meta", {}))
     print(md)

@@ -138,6 +138,12 @@ class TrainSetup:
             raise ValueError(f"cp_ring: must be p2p or torch, got {self.cp_ring!r}")
 
     @property
+    def sp_gathered_inputs(self) -> bool:
+        """Sequence parallelism saves the all-gathered GEMM inputs at full length: torchtitan's DTensor SP, whose runs
+        are the ``activation_layout: bsh`` ones (Megatron, "sbh", saves the s/TP shard and re-gathers in backward)."""
+        return self.activation_layout == "bsh"
+
+    @property
     def ac_mode(self) -> str:
         return "full" if self.activation_checkpointing else ("selective" if self.selective_ac else "none")
 
@@ -168,11 +174,18 @@ def activation_bytes_per_layer(
     cp: int = 1,
     flash_attention: bool = True,
     dropout: bool = False,
+    sp_gathered: bool = False,
+    eager_swiglu: bool = False,
 ) -> float:
     """Bytes one transformer block stores for backward (bf16), Korthikanti et al. 2022 generalised.
 
     For GPT-2-style blocks (MHA, 4h non-gated MLP) with dropout and no flash attention this is exactly
-    s·b·h·(34 + 5·a·s/h); every term divides by TP (sequence parallel) and the sequence by CP.
+    s·b·h·(34 + 5·a·s/h); every term divides by TP (sequence parallel) and the sequence by CP, except:
+    - ``sp_gathered`` (torchtitan's DTensor sequence parallelism, ``activation_layout: bsh``): the all-gathered input of
+      the QKV and of the gate/up projections is what their matmuls save, at full length 2·s·b·h each, not /TP
+      (Megatron saves the s/TP shard and all-gathers it again in backward, Korthikanti §4.2.2);
+    - ``eager_swiglu`` (``fused_elementwise: false``): ``silu(w1 x) * w3 x`` in eager mode saves four s·f tensors
+      (w1 out, silu out, w3 out, the product = w2's input); a fused/compiled SwiGLU saves three (silu recomputed).
     """
     s, b, h = seq_len / cp, micro_batch_size, model.hidden_size
     sbh = s * b * h
@@ -188,18 +201,100 @@ def activation_bytes_per_layer(
             attn += 3 * model.num_heads * s * s * b / cp  # dropout mask (1 B) + dropout output (2 B)
     if dropout:
         attn += sbh  # residual dropout mask
+    gated_bytes = 8 if eager_swiglu else 6
     if model.is_moe:
         f = model.expert_size
-        per_token_mlp = model.experts_per_token * (6 if model.gated_mlp else 4) * f
+        per_token_mlp = model.experts_per_token * (gated_bytes if model.gated_mlp else 4) * f
         if model.shared_expert_intermediate_size:
             per_token_mlp += 6 * model.shared_expert_intermediate_size
         mlp = 2 * sbh + s * b * per_token_mlp + 2 * s * b * model.num_experts  # input, experts, router logits
     else:
         f = model.intermediate_size
-        mlp = 2 * sbh + s * b * (6 if model.gated_mlp else 4) * f  # input; gate/up/act (3·2sbf) or act-in/out (2·2sbf)
+        # input; gate/up/act (3·2sbf, eager 4·2sbf) or act-in/out (2·2sbf)
+        mlp = 2 * sbh + s * b * (gated_bytes if model.gated_mlp else 4) * f
     if dropout:
         mlp += sbh
-    return (norms + attn + mlp) / tp
+    gathered = 2 * (2 * sbh) * (1 - 1 / tp) if sp_gathered else 0.0  # QKV and MLP inputs at full length
+    return (norms + attn + mlp) / tp + gathered
+
+
+def _sac_saved_outputs(model: ModelSpec, s: float, b: int, tp: int, sp_gathered: bool) -> tuple[float, float]:
+    """torchtitan op-level selective AC (``selective_ac_option: op``) on a Llama block (7 mms: wq, wk, wv, wo, w1,
+    w3, w2): every other mm output is saved (wq, wv, w1, w2) and the attention output with its fp32 log-sum-exp.
+    Returns (bytes those saved outputs take, the part of them that ``activation_bytes_per_layer`` also counts):
+    w2's output is not needed by the plain backward, and with torchtitan's SP it is the full-length partial sum."""
+    q, kv, h, f = model.q_dim, model.kv_dim, model.hidden_size, model.intermediate_size
+    shared = 2 * s * b * (q + kv + q + f) / tp + 4 * s * b * model.num_heads / tp  # Q, V, attn out, w1 out, lse
+    w2_out = 2 * s * b * h if (sp_gathered or tp == 1) else 2 * s * b * h / tp
+    return shared + w2_out, shared
+
+
+def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int = 1) -> dict[str, float]:
+    """Per-block activation terms of one micro-batch (bytes): ``per_layer`` (everything a block saves, no AC),
+    ``checkpoint`` (a block's input, kept under full AC), ``saved`` (what a block keeps between forward and backward
+    under the setup's AC mode), ``recompute`` (what the block being recomputed adds in backward on top of its kept
+    bytes: full AC the rest of the block, selective what SAC did not save), ``workspace`` (the backward's working set at its peak, one block's MLP backward, the larger of two
+    moments: in w2's backward, the grad of its input s·b·f/TP, its weight's gradient h·f/TP as the GEMM writes it
+    before it is added into the accumulated grad, and with TP > 1 the block output's grad all-gathered to full length
+    s·b·h (SP's reduce-scatter backward, torchtitan and Megatron alike); or in the SwiGLU backward, two s·b·f/TP grads
+    with the product's saved tensor already freed))."""
+    s, b = setup.seq_len / cp, setup.micro_batch_size
+    sp_gathered = setup.sp_gathered_inputs and tp > 1
+    eager = not setup.fused_elementwise
+    per_layer = activation_bytes_per_layer(
+        model, setup.seq_len, b, tp, cp, setup.flash_attention, setup.dropout, sp_gathered, eager
+    )
+    checkpoint = 2 * s * b * model.hidden_size / tp
+    f = model.expert_size * max(1, model.experts_per_token) if model.is_moe else model.intermediate_size
+    h = model.hidden_size
+    f_w = model.expert_size if model.is_moe else model.intermediate_size  # the largest weight is h x f_w / TP
+    at_w2 = s * b * f / tp + h * f_w / tp + (s * b * h if tp > 1 else 0.0)
+    workspace = 2 * max(at_w2, 2 * s * b * f / tp)
+    # grads a ZeRO-3 block has produced by the working-set peak: w2's, when the peak is the SwiGLU backward (after it)
+    grads_at_peak = 2 * h * f_w / tp if 2 * s * b * f / tp > at_w2 else 0.0
+    if setup.activation_checkpointing:
+        saved, recompute = checkpoint, per_layer - checkpoint  # the recomputed block's input is its checkpoint
+    elif setup.selective_ac and model.gated_mlp and not model.is_moe and setup.flash_attention:
+        kept, shared = _sac_saved_outputs(model, s, b, tp, sp_gathered)
+        saved, recompute = checkpoint + kept, per_layer - checkpoint - shared
+    elif setup.selective_ac:  # other block shapes: ~half of each block kept, the other half recomputed
+        saved, recompute = checkpoint + 0.5 * per_layer, 0.5 * per_layer
+    else:
+        saved, recompute = per_layer, 0.0
+    return {
+        "per_layer": per_layer,
+        "checkpoint": checkpoint,
+        "saved": saved,
+        "recompute": recompute,
+        "workspace": workspace,
+        "grads_at_peak": grads_at_peak,
+    }
+
+
+def zero3_buffer_bytes(
+    layer_params: float,
+    block_saved: float,
+    block_backward: float = 0.0,
+    grad_reduce_bytes: int = 4,
+    grads_at_peak: float = 0.0,
+) -> float:
+    """ZeRO-3 / FSDP2 buffers (no PP) on top of the activation peak, per GPU: P = one block's parameters per GPU.
+
+    FSDP2's backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward``: reshard, reclaim the
+    previous reduce-scatter input, copy this block's grads into a new one kept in flight, ``reduce_scatter_max_input_
+    buffers`` = 1) holds, while block i's backward runs: block i and the prefetched block i-1 gathered in bf16 (2·2 B),
+    block i's unsharded bf16 grads as they are produced (2 B), and block i+1's reduce-scatter input in the reduce
+    dtype (``grad_reduce_bytes``). The activation peak is at the first block in backward's working set
+    (``block_backward`` = its recompute + working set, over ``block_saved`` kept bytes per block); the joint peak is
+    the largest of three moments, measured from the activation peak:
+    - A, the first block in backward: nothing in flight yet, 2·2 B·P + the grads it has produced by its working-set
+      peak (``grads_at_peak``; the plain run holds all grads already, so only these count);
+    - B, the second block's working set: A + the first block's reduce input, its kept bytes freed: - block_saved;
+    - C, the end of the second block: all 10 B·P, both blocks' kept bytes and the working set freed."""
+    a = layer_params * 2 * PARAM_BYTES + grads_at_peak
+    b = a + layer_params * grad_reduce_bytes - block_saved
+    c = layer_params * (2 * PARAM_BYTES + GRAD_BYTES + grad_reduce_bytes) - 2 * block_saved - block_backward
+    return max(a, b, c)
 
 
 def _inflight_microbatches(setup: TrainSetup, pp: int, m: int) -> float:
@@ -259,11 +354,8 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
     m = setup.num_microbatches(layout)
     dense_shard = layout.dp * layout.cp  # FSDP/ZeRO shards over dp x cp (torchtitan dp_shard * cp)
     expert_shard = max(1, dense_shard // layout.ep)
-    per_layer = activation_bytes_per_layer(
-        model, setup.seq_len, setup.micro_batch_size, layout.tp, layout.cp, setup.flash_attention, setup.dropout
-    )
+    terms = activation_terms(model, setup, layout.tp, layout.cp)
     layers = math.ceil(model.num_layers / layout.pp)
-    checkpoint = 2 * setup.seq_len / layout.cp * setup.micro_batch_size * model.hidden_size / layout.tp  # block input
     inflight = _inflight_microbatches(setup, layout.pp, m)
     best: TrainMemory | None = None
     for idx, (dense, expert) in enumerate(stage_params(model, layout.pp)):
@@ -273,12 +365,8 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
         pd, gd, od = zero_state_bytes(dense_gpu, setup.zero, dense_shard, gb)
         pe, ge, oe = zero_state_bytes(expert_gpu, setup.zero, expert_shard, gb)
         stage_inflight = 1.0 if (is_last and layout.pp > 1) else inflight
-        if setup.activation_checkpointing:
-            acts = layers * stage_inflight * checkpoint + per_layer  # checkpoints + one block being recomputed
-        elif setup.selective_ac:  # ~half of each block kept (every other matmul output), one block recomputed
-            acts = layers * stage_inflight * (checkpoint + 0.5 * per_layer) + 0.5 * per_layer
-        else:
-            acts = layers * stage_inflight * per_layer
+        # kept bytes of every in-flight block + the block being recomputed (AC) + the backward's working set
+        acts = layers * stage_inflight * terms["saved"] + terms["recompute"] + terms["workspace"]
         logits = 0.0
         if is_last:  # bf16 logits + fp32 copy for the loss/grad (anchors-6a §5), vocab-parallel over TP
             logits = setup.seq_len / layout.cp * setup.micro_batch_size * model.vocab_size / layout.tp * (2 + 4)
@@ -291,8 +379,14 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
             # (reshard_after_forward = not pp_enabled, torchtitan/distributed/fsdp.py) and reduce-scatters gradients
             # only after the last micro-batch: the whole stage's bf16 params and its unsharded grads stay resident.
             transient = (dense_gpu + expert_gpu) * (PARAM_BYTES + setup.grad_reduce_bytes)
-        elif setup.zero >= 3:  # two gathered bf16 blocks (current + prefetched) and one block's unsharded grads
-            transient = layer_gpu * (2 * PARAM_BYTES + setup.grad_reduce_bytes)
+        elif setup.zero >= 3:
+            transient = zero3_buffer_bytes(
+                layer_gpu,
+                stage_inflight * terms["saved"],
+                terms["recompute"] + terms["workspace"],
+                setup.grad_reduce_bytes,
+                terms["grads_at_peak"],
+            )
         cal = memory_calibration()
         if cal:
             acts *= float(cal["activations"].get(setup.ac_mode, 1.0))
