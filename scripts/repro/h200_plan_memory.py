@@ -45,6 +45,7 @@ Device command (from the repo root of a checkout; writes plan_memory.json + plan
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import sys
@@ -194,6 +195,7 @@ class Zero3:
         self.blocks, self.dp, self.phase = blocks, dp, "fwd"
         self.flat, self.shards, self.grad_shards, self.pending = [], [], [], []
         self.rs_inflight: torch.Tensor | None = None  # the previous block's reduce-scatter input (FSDP2 keeps one)
+        self.handles: list = []  # hooks; held from C++ (invisible to Python's GC), so close() removes them
         for i, b in enumerate(blocks):
             ps = list(b.parameters())
             n = sum(p.numel() for p in ps)
@@ -202,7 +204,7 @@ class Zero3:
             for p in ps:
                 flat[off : off + p.numel()].copy_(p.data.view(-1))
                 p.data = flat[off : off + p.numel()].view(p.shape)
-                p.register_post_accumulate_grad_hook(self._grad_hook(i))
+                self.handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(i)))
                 off += p.numel()
             shard_n = math.ceil(n / dp)
             self.flat.append(flat)
@@ -210,8 +212,18 @@ class Zero3:
             self.grad_shards.append(torch.zeros(shard_n, dtype=torch.float32, device=DEV))
             self.pending.append(len(ps))
             self._free(i)
-            b.register_forward_pre_hook(self._pre_fwd(i))
-            b.register_forward_hook(self._post_fwd(i))
+            self.handles.append(b.register_forward_pre_hook(self._pre_fwd(i)))
+            self.handles.append(b.register_forward_hook(self._post_fwd(i)))
+
+    def close(self) -> None:
+        """Break the param -> hook -> self -> blocks cycle: its grad hooks live in C++, where the cyclic GC cannot see
+        them, so without this every ZeRO-3 case's blocks, buffers and shards stayed allocated for the rest of the run
+        (the 2026-12-02 04:00 run: base memory grew case by case and the 405B TP1 cases OOMed)."""
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        self.blocks = self.flat = self.shards = self.grad_shards = []
+        self.rs_inflight = None
 
     def _gathered(self, i: int) -> bool:
         return self.flat[i].untyped_storage().size() > 0
@@ -272,6 +284,7 @@ def run_case(model: str, tp: int, ac: str, zero3: bool, layers: int, seq: int, d
     rec.update({"sp": "gathered", "swiglu": "eager", "grads": "fsdp2" if zero3 else "preallocated"})
     rec["head_dim"] = shape["head_dim"]
     blocks = x = y = z3 = None
+    gc.collect()  # selective AC's checkpoint contexts hold the blocks in reference cycles until the cyclic GC runs
     MEM.empty_cache()
     base = MEM.memory_allocated()
     rec["base_bytes"] = base  # allocated before the case (cuBLAS workspace etc.); the byte fields are relative to it
@@ -322,8 +335,11 @@ def run_case(model: str, tp: int, ac: str, zero3: bool, layers: int, seq: int, d
         rec["status"] = "error"
         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
     finally:
+        if z3 is not None:
+            z3.close()
         del blocks, x, y, z3
         h = g_out = None  # noqa: F841
+        gc.collect()
         MEM.synchronize()
         MEM.empty_cache()
     return rec
