@@ -594,7 +594,7 @@ def liger_parity(dtype: Any) -> dict[str, Any]:
     }
 
 
-def sampler_parity() -> dict[str, Any]:
+def sampler_parity(vocab: int | None = None, rows: int = 512, draws: int = 65536) -> dict[str, Any]:
     """Equal-numerics check of the fused sampler (``phase6.rollout.fused_sample``) on this device, at the benchmark's
     vocabulary: (1) 512 rows of random bf16 logits (std 3): the sampled token's log-prob against torch's float32
     log_softmax (pass: max |diff| < 1e-3); (2) 65,536 draws from one row whose mass sits on 16 tokens spread over the
@@ -611,9 +611,9 @@ def sampler_parity() -> dict[str, Any]:
     dev = torch.device(DEVICE)
     if not available(dev):
         return {"pass": False, "error": "Triton not available on this device"}
-    vocab = QWEN25_15B["vocab_size"]
+    vocab = vocab or QWEN25_15B["vocab_size"]
     gen = torch.Generator(device=dev).manual_seed(2)
-    logits = (torch.randn(512, vocab, device=dev, generator=gen) * 3).to(torch.bfloat16)
+    logits = (torch.randn(rows, vocab, device=dev, generator=gen) * 3).to(torch.bfloat16)
     seed, step = torch.tensor([12345], device=dev), torch.tensor([7], device=dev)
     tok, lp = fused_sample(logits, 1.0, seed, step)
     ref = torch.log_softmax(logits.float(), -1).gather(1, tok[:, None]).squeeze(1)
@@ -623,7 +623,6 @@ def sampler_parity() -> dict[str, Any]:
     row[cand] = torch.randn(16, device=dev, generator=gen) * 1.5
     row = row.to(torch.bfloat16)
     probs = torch.softmax(row.float()[cand], -1).double()
-    draws = 65536
 
     def chi2(tokens: torch.Tensor) -> tuple[float, bool]:
         inside = bool(torch.isin(tokens, cand).all())
@@ -634,7 +633,7 @@ def sampler_parity() -> dict[str, Any]:
     params = SamplingParams(max_new_tokens=1, temperature=1.0)
     eos = torch.tensor([EOS], device=dev)
     torch_chi2, _ = chi2(
-        torch.cat([sample_tokens(row.expand(4096, vocab), params, step, eos, False)[0] for _ in range(16)])
+        torch.cat([sample_tokens(row.expand(draws // 16, vocab), params, step, eos, False)[0] for _ in range(16)])
     )
 
     def ms(fn: Any) -> float:
