@@ -75,7 +75,10 @@ if triton is not None:
             new_max = tl.maximum(run_max, tl.max(x, 0))
             run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(x - new_max), 0)
             run_max = new_max
-            u = tl.rand(key, offs)  # [0, 1)
+            # guard: a draw of exactly 1.0 (float32 rounding of the largest uint -> float conversions) would make
+            # -log(u) = 0 and the Gumbel +inf, a forced pick; capped at the largest float32 < 1 (Gumbel <= 16.6: a tail
+            # of mass ~6e-8 per element clipped, not inflated). u = 0 gives -inf: that element is just never drawn.
+            u = tl.minimum(tl.rand(key, offs), 0.99999994)
             z = tl.where(inside, x - tl.log(-tl.log(u)), float("-inf"))
             block_best = tl.max(z, 0)
             block_idx = start + tl.argmax(z, 0).to(tl.int32)
