@@ -288,7 +288,8 @@ class DecodeLoop:
         st.start.copy_(prompt_len - lens)
         st.done.zero_()
         st.t.zero_()
-        st.seed.fill_(int(torch.randint(0, 2**31 - 1, (1,)).item()))  # from torch's generator: manual_seed holds
+        if st.fused:  # the kernel's Philox key, from torch's generator (manual_seed holds); the torch path draws none
+            st.seed.fill_(int(torch.randint(0, 2**31 - 1, (1,)).item()))
         captured = len(st.graphs)
         with self._attention():
             sync(self.device)  # three synchronized clock reads: prefill = t1 - t0, decode = t2 - t1
