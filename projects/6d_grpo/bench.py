@@ -657,11 +657,10 @@ def sampler_parity(vocab: int | None = None, rows: int = 512, draws: int = 65536
         "pass": lp_err < 1e-3 and fused_inside and fused_chi2 < 37.70,
     }
     if DEVICE == "cuda":
-        out["ms_fused_512"] = ms(lambda: fused_sample(logits, 1.0, seed, step))
-        out["ms_torch_512"] = ms(lambda: sample_tokens(logits, params, step, eos, True))
-    del logits
-    free_memory()
-    return out
+        batch = logits
+        out["ms_fused_512"] = ms(lambda: fused_sample(batch, 1.0, seed, step))
+        out["ms_torch_512"] = ms(lambda: sample_tokens(batch, params, step, eos, True))
+    return out  # the caller frees the cached blocks (free_memory)
 
 
 def lever_parity(trainer: Any) -> dict[str, Any]:
@@ -677,7 +676,11 @@ def lever_parity(trainer: Any) -> dict[str, Any]:
     width, real = batch["completion_ids"].size(1), batch["completion_mask"].bool()
     saved = trainer.length_buckets, trainer.shared_prompt, trainer.right_align
     out: dict[str, Any] = {"rows": int(ids.size(0)), "tokens": int(real.sum())}
-    variants = {"trimmed": (True, False, False), "right_aligned": (True, False, True), "shared_prompt": (True, True, False)}
+    variants = {
+        "trimmed": (True, False, False),
+        "right_aligned": (True, False, True),
+        "shared_prompt": (True, True, False),
+    }
     try:
         with torch.no_grad():
             trainer.length_buckets, trainer.shared_prompt, trainer.right_align = False, False, False
@@ -739,7 +742,7 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
             extras["sampler_parity"] = sampler_parity()
         except Exception as e:  # noqa: BLE001 - a failed optional kernel turns the lever off, never costs the row
             extras["sampler_parity"] = {"pass": False, "error": f"{type(e).__name__}: {e}"}
-            free_memory()
+        free_memory()
         print(json.dumps({"sampler_parity": extras["sampler_parity"]}), flush=True)
         if not extras["sampler_parity"]["pass"]:
             fused_sampling = False

@@ -19,8 +19,6 @@ Captured in the loop's CUDA graphs: the seed and the step are read from device t
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from phase6.rollout import SamplingParams
@@ -36,7 +34,8 @@ def available(device: torch.device) -> bool:
     """Whether the fused kernel can run on ``device`` (CUDA with Triton, or the Triton interpreter on CPU)."""
     if triton is None:
         return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    # on CPU only a kernel built by the interpreter runs (TRITON_INTERPRET=1 when this module was imported)
+    return device.type == "cuda" or type(_sample_kernel).__name__ == "InterpretedFunction"
 
 
 def applies(params: SamplingParams) -> bool:

@@ -268,9 +268,7 @@ class DecodeLoop:
         key = (batch, prompt_len, params, want_logprobs)
         if self._batch is None or self._batch.key != key:
             self._batch = None  # free the previous shape's cache and graphs first
-            fused = (
-                self.options.fused_sampling and fused_sample.available(self.device) and fused_sample.applies(params)
-            )
+            fused = self.options.fused_sampling and fused_sample.available(self.device) and fused_sample.applies(params)
             self._batch = _Batch(
                 key, self.model.config.num_hidden_layers, batch, prompt_len, params, want_logprobs, self.device, fused
             )
@@ -403,9 +401,7 @@ class DecodeLoop:
     def _emit(self, st: _Batch, logits: torch.Tensor) -> None:
         """Sample token ``t`` of every row and store it; finished rows get padding (as generate)."""
         if st.fused:
-            tokens, logprobs = fused_sample.fused_sample(
-                logits, st.params.temperature, st.seed, st.t, st.want_logprobs
-            )
+            tokens, logprobs = fused_sample.fused_sample(logits, st.params.temperature, st.seed, st.t, st.want_logprobs)
         else:
             tokens, logprobs = sample_tokens(logits, st.params, st.t, self.eos, st.want_logprobs)
         tokens = torch.where(st.done, self.pad_id, tokens)
