@@ -273,3 +273,47 @@ def test_shared_prompt_pass_equals_plain_pass(model_dir: tuple[Path, Any], tmp_p
     # plain: 2 chunks of 8 rows hit the backbone; shared: per chunk one prompt pass over its distinct prompts
     # (groups kept whole: 2 + 1 prompts across the two chunks of 8 and 4 rows) and one pass over the rows
     assert c0 == [8, 4] and c1 == [2, 8, 1, 4]
+
+
+def test_right_aligned_pass_equals_masked_pass(model_dir: tuple[Path, Any], tmp_path: Path) -> None:
+    """Rows shifted to right padding and run without an attention mask (causal flash attention on CUDA): log-probs,
+    entropies and the gradient equal the masked left-padded pass within 1e-5 (float32), no-grad chunked and in
+    training, and the right-aligned path really ran; padding positions stay 0."""
+    trainer = make_trainer(model_dir, tmp_path, steps=1)
+    assert trainer.right_align
+    ids, mask, cw = padded_batch(len(model_dir[1]))
+    model = trainer.model
+    results = {}
+    for aligned in (False, True):
+        trainer.right_align = aligned
+        trainer.right_aligned_chunks = 0
+        with torch.no_grad():
+            nograd, _, _ = trainer._per_token_logps(model, ids, mask, cw, batch_size=4)
+        model.zero_grad(set_to_none=True)
+        lp, ent, _ = trainer._per_token_logps(model, ids, mask, cw, compute_entropy=True)
+        (lp * mask[:, -cw:]).sum().backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results[aligned] = (nograd, lp.detach(), ent, grad, trainer.right_aligned_chunks)
+    (a0, b0, e0, g0, n0), (a1, b1, e1, g1, n1) = results[False], results[True]
+    real = mask[:, -cw:].bool()
+    assert n0 == 0 and n1 >= 2
+    assert (a0 - a1)[real].abs().max() < 1e-5
+    assert (b0 - b1)[real].abs().max() < 1e-5
+    assert (e0 - e1)[real].abs().max() < 1e-5
+    assert torch.all(a1[~real] == 0) and torch.all(b1[~real] == 0)
+    assert float((g0 - g1).norm() / g0.norm()) < 1e-5
+
+
+def test_right_align_layout() -> None:
+    """Left-padded prompt + right-padded completion -> every row starts at column 0; labels only on completion
+    tokens; cols point at each completion token in the shifted layout."""
+    from phase6.posttrain.grpo_trainer import right_align
+
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8, 0], [0, 4, 5, 6, 7, 8, 9]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1, 1]])
+    ids_r, mask_r, labels, cols = right_align(ids, mask, 3, pad_id=0)
+    assert ids_r.tolist() == [[5, 6, 7, 8, 0, 0, 0], [4, 5, 6, 7, 8, 9, 0]]
+    assert mask_r.tolist() == [[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0]]
+    assert labels.tolist() == [[-100, -100, 7, 8, -100, -100, -100], [-100, -100, -100, 7, 8, 9, -100]]
+    assert cols.tolist() == [[2, 3, 4], [3, 4, 5]]
+    assert torch.equal(ids_r.gather(1, cols)[1], ids[1, -3:])

@@ -194,7 +194,8 @@ def test_engine_loop_and_generate_agree_and_report_timing(tiny: tuple[Any, Any])
     assert a.logprobs is not None and b.logprobs is not None
     for x, y in zip(a.logprobs, b.logprobs, strict=True):
         assert max(abs(p - q) for p, q in zip(x, y, strict=True)) < 1e-4
-    assert set(loop.last_timing) == {"prefill_s", "decode_s", "steps", "graphs_captured"}
+    assert set(loop.last_timing) == {"prefill_s", "decode_s", "steps", "graphs_captured", "fused_sampling"}
+    assert loop.last_timing["fused_sampling"] is False  # greedy: the torch path (and no Triton on CPU)
     assert loop.last_timing["steps"] == 10 and loop.last_timing["graphs_captured"] == 0  # no graphs on CPU
     with pytest.raises(ValueError, match="decode must be one of"):
         HFEngine(model, tok.pad_token_id, [tok.eos_token_id], decode="vllm")

@@ -594,29 +594,104 @@ def liger_parity(dtype: Any) -> dict[str, Any]:
     }
 
 
+def sampler_parity(vocab: int | None = None, rows: int = 512, draws: int = 65536) -> dict[str, Any]:
+    """Equal-numerics check of the fused sampler (``phase6.rollout.fused_sample``) on this device, at the benchmark's
+    vocabulary: (1) 512 rows of random bf16 logits (std 3): the sampled token's log-prob against torch's float32
+    log_softmax (pass: max |diff| < 1e-3); (2) 65,536 draws from one row whose mass sits on 16 tokens spread over the
+    vocabulary (every other logit -1e4, so every 4,096-wide block is crossed): every draw is one of the 16 and the
+    counts follow softmax (pass: chi-square, 15 degrees of freedom, below its 99.9 % quantile 37.70; the torch path
+    ``sample_tokens`` on the same row is reported beside it). Plus the time of one sampling call at 512 rows, fused
+    and torch (CUDA events, median of 20 after 3 warm-ups): the per-token-step saving."""
+    import torch
+
+    from phase6.rollout import SamplingParams
+    from phase6.rollout.fused_sample import available, fused_sample
+    from phase6.rollout.hf_loop import sample_tokens
+
+    dev = torch.device(DEVICE)
+    if not available(dev):
+        return {"pass": False, "error": "Triton not available on this device"}
+    vocab = vocab or QWEN25_15B["vocab_size"]
+    gen = torch.Generator(device=dev).manual_seed(2)
+    logits = (torch.randn(rows, vocab, device=dev, generator=gen) * 3).to(torch.bfloat16)
+    seed, step = torch.tensor([12345], device=dev), torch.tensor([7], device=dev)
+    tok, lp = fused_sample(logits, 1.0, seed, step)
+    ref = torch.log_softmax(logits.float(), -1).gather(1, tok[:, None]).squeeze(1)
+    lp_err = float((lp - ref).abs().max())
+    cand = torch.linspace(5, vocab - 5, 16, device=dev).long()
+    row = torch.full((vocab,), -1e4, device=dev)
+    row[cand] = torch.randn(16, device=dev, generator=gen) * 1.5
+    row = row.to(torch.bfloat16)
+    probs = torch.softmax(row.float()[cand], -1).double()
+
+    def chi2(tokens: torch.Tensor) -> tuple[float, bool]:
+        inside = bool(torch.isin(tokens, cand).all())
+        counts = (tokens[:, None] == cand[None]).sum(0).double()
+        return float(((counts - draws * probs) ** 2 / (draws * probs)).sum()), inside
+
+    fused_chi2, fused_inside = chi2(fused_sample(row.expand(draws, vocab), 1.0, seed, step, False)[0])
+    params = SamplingParams(max_new_tokens=1, temperature=1.0)
+    eos = torch.tensor([EOS], device=dev)
+    torch_chi2, _ = chi2(
+        torch.cat([sample_tokens(row.expand(draws // 16, vocab), params, step, eos, False)[0] for _ in range(16)])
+    )
+
+    def ms(fn: Any) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(20):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return sorted(times)[len(times) // 2]
+
+    out = {
+        "logp_max_abs_err": lp_err,
+        "chi2_fused": fused_chi2,
+        "chi2_torch": torch_chi2,
+        "fused_draws_inside_support": fused_inside,
+        "pass": lp_err < 1e-3 and fused_inside and fused_chi2 < 37.70,
+    }
+    if DEVICE == "cuda":
+        batch = logits
+        out["ms_fused_512"] = ms(lambda: fused_sample(batch, 1.0, seed, step))
+        out["ms_torch_512"] = ms(lambda: sample_tokens(batch, params, step, eos, True))
+    return out  # the caller frees the cached blocks (free_memory)
+
+
 def lever_parity(trainer: Any) -> dict[str, Any]:
     """The layout levers on this device, in its dtype: the last step's first micro-batch scored by the policy with
-    the plain padded pass, with trimmed padding (length buckets) and with the shared prompt; mean / max |d logp| over
-    its completion tokens against the plain pass (bf16: the kernels see other shapes, so ~1e-3..1e-2 is noise)."""
+    the plain padded pass, with trimmed padding (length buckets, masked), right-aligned (no mask: causal flash) and
+    with the shared prompt; mean / max |d logp| over its completion tokens against the plain pass (bf16: the kernels
+    see other shapes, so ~1e-3..1e-2 is noise)."""
     import torch
 
     batch = trainer._buffered_inputs[0]
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     width, real = batch["completion_ids"].size(1), batch["completion_mask"].bool()
-    saved = trainer.length_buckets, trainer.shared_prompt
+    saved = trainer.length_buckets, trainer.shared_prompt, trainer.right_align
     out: dict[str, Any] = {"rows": int(ids.size(0)), "tokens": int(real.sum())}
+    variants = {
+        "trimmed": (True, False, False),
+        "right_aligned": (True, False, True),
+        "shared_prompt": (True, True, False),
+    }
     try:
         with torch.no_grad():
-            trainer.length_buckets, trainer.shared_prompt = False, False
+            trainer.length_buckets, trainer.shared_prompt, trainer.right_align = False, False, False
             plain = trainer._per_token_logps(trainer.model, ids, mask, width)[0].float()
-            for name, (buckets, shared) in {"trimmed": (True, False), "shared_prompt": (True, True)}.items():
-                trainer.length_buckets, trainer.shared_prompt = buckets, shared
+            for name, (buckets, shared, aligned) in variants.items():
+                trainer.length_buckets, trainer.shared_prompt, trainer.right_align = buckets, shared, aligned
                 diff = (trainer._per_token_logps(trainer.model, ids, mask, width)[0].float() - plain).abs()[real]
                 out[f"{name}_vs_plain_mean_abs"] = float(diff.mean())
                 out[f"{name}_vs_plain_max_abs"] = float(diff.max())
     finally:
-        trainer.length_buckets, trainer.shared_prompt = saved
+        trainer.length_buckets, trainer.shared_prompt, trainer.right_align = saved
     return out
 
 
@@ -640,6 +715,7 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
     from phase6.posttrain.grpo_trainer import EngineGRPOTrainer, TimedGRPOTrainer
     from phase6.posttrain.tiny import CHATML_TEMPLATE
     from phase6.rollout.hf import HFEngine
+    from phase6.rollout.hf_loop import LoopOptions
     from phase6.tasks.digits import digit_reward
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -660,6 +736,17 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
         if not extras["liger_parity"]["pass"]:
             liger = False
             print("liger: parity check failed or errored; this run continues with --liger off", flush=True)
+    fused_sampling = args.fused_sampling == "on" and not stock and args.step_engine == "hf"
+    if fused_sampling:
+        try:
+            extras["sampler_parity"] = sampler_parity()
+        except Exception as e:  # noqa: BLE001 - a failed optional kernel turns the lever off, never costs the row
+            extras["sampler_parity"] = {"pass": False, "error": f"{type(e).__name__}: {e}"}
+        free_memory()
+        print(json.dumps({"sampler_parity": extras["sampler_parity"]}), flush=True)
+        if not extras["sampler_parity"]["pass"]:
+            fused_sampling = False
+            print("fused sampling: parity check failed or errored; this run continues with --fused-sampling off")
     # A word-level tokenizer over Qwen's id space ("t<id>"), ChatML specials at Qwen's ids: text round-trips to the
     # same ids, so prompts and completions have the real shapes without the Qwen tokenizer files.
     specials = {"<|endoftext|>": PAD, "<|im_start|>": 151644, "<|im_end|>": EOS}
@@ -721,7 +808,15 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
             options = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization} if DEVICE == "cuda" else {}
             return build_vllm_engine(trainer, "colocate", options, engine_logprobs=args.vllm_logprobs == "on")
         m = AutoModelForCausalLM.from_pretrained(work / "model", dtype=dtype).to(DEVICE)
-        return HFEngine(m, PAD, [EOS], decode=args.step_decode, pad_to_multiple=64, score_batch_size=8)
+        return HFEngine(
+            m,
+            PAD,
+            [EOS],
+            decode=args.step_decode,
+            pad_to_multiple=64,
+            score_batch_size=8,
+            loop_options=LoopOptions(fused_sampling=fused_sampling),
+        )
 
     common = dict(
         model=str(work / "model"),
@@ -742,6 +837,8 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
             length_buckets=args.length_buckets == "on",
             shared_prompt=args.shared_prompt == "on",
             liger=liger,
+            liger_engine=args.liger_engine == "on",
+            right_align=args.right_align == "on",
         )
     init_s = wall() - t0
     trainer.train()
@@ -847,7 +944,12 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
             "sorted_micro_batches": trainer.sort_micro_batches,
             "shared_prompt": trainer.shared_prompt,
             "liger": liger,
+            "liger_engine": liger and args.liger_engine == "on" and args.step_engine == "hf",
             "liger_patched_modules": {k: len(v) for k, v in trainer.liger_patched.items()},
+            "fused_sampling": bool(getattr(trainer.engine, "last_timing", {}).get("fused_sampling", False)),
+            "micro_batch_size": args.micro_batch_size,
+            "right_align": trainer.right_align,
+            "right_aligned_chunks": trainer.right_aligned_chunks,
         }
     )
     del trainer
@@ -912,6 +1014,24 @@ def main() -> None:
     )
     p.add_argument(
         "--liger", default="on", choices=("on", "off"), help="--part step: Liger RMSNorm + SwiGLU on policy and ref"
+    )
+    p.add_argument(
+        "--right-align",
+        default="on",
+        choices=("on", "off"),
+        help="--part step, with length buckets: rows shifted to right padding, log-prob passes without a mask",
+    )
+    p.add_argument(
+        "--liger-engine",
+        default="on",
+        choices=("on", "off"),
+        help="--part step, with --liger on: the same kernels in the HF engine's model (prefill + decode CUDA graphs)",
+    )
+    p.add_argument(
+        "--fused-sampling",
+        default="on",
+        choices=("on", "off"),
+        help="--part step, HF engine: Triton sampling + log-prob in one pass over the logits (checked first)",
     )
     p.add_argument(
         "--vllm-logprobs",

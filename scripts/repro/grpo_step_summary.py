@@ -42,9 +42,9 @@ def main() -> None:
     if donor:
         c = donor["ceilings"]
         print(f"ceilings: bf16 8192^3 matmul {c['matmul_tflops']} TFLOP/s, device copy {c['copy_tb_per_s']} TB/s")
-    print()
-    print("| run | " + " | ".join(f"{p} s (% bound)" for p in PHASES) + " | peak GiB | timed steps |")
-    print("|---|" + "---|" * (len(PHASES) + 2))
+    table_lines = ["| run | " + " | ".join(f"{p} s (% bound)" for p in PHASES) + " | peak GiB | timed steps |"]
+    table_lines.append("|---|" + "---|" * (len(PHASES) + 2))
+    main_run: tuple[str, dict, dict] | None = None
     for name, r in runs.items():
         table = {row["phase"]: row for row in r.get("step", [])}
         extras = r.get("step_extras", {})
@@ -61,6 +61,8 @@ def main() -> None:
                 micro_steps=steps,
             )
             star = "*"
+        if name.endswith("_after") and bounds:
+            main_run = (name, table, bounds)
         cells = []
         for p in PHASES:
             row = table.get(p)
@@ -72,7 +74,7 @@ def main() -> None:
             cells.append(f"{s:.2f} ({100 * b['bound_s'] / s:.0f}{star})" if b and s else f"{s:.2f}")
         peak = table.get("peak GPU memory (GiB, torch allocator)", {}).get("gib")
         timed = len(r.get("step_rows", [])) - 1
-        print(f"| {name} | " + " | ".join(cells) + f" | {peak if peak is not None else '–'} | {timed} |")
+        table_lines.append(f"| {name} | " + " | ".join(cells) + f" | {peak if peak is not None else '–'} | {timed} |")
     lp = next(
         (r["step_extras"].get("liger_parity") for r in runs.values() if "liger_parity" in r.get("step_extras", {})),
         None,
@@ -95,6 +97,23 @@ def main() -> None:
         for row in r.get("step", []):
             if row["phase"].startswith("logp mismatch"):
                 print(f"{name}: {row['phase']}: mean {row['mean']:.4f}, max {row['max']:.3f}, {row['tokens']} tokens")
+        sp = r.get("step_extras", {}).get("sampler_parity")
+        if sp:
+            print(f"{name}: fused sampler parity {json.dumps(sp)}")
+    # the tables last (the output tail is what gets read): every run, then the new default run phase by phase
+    print()
+    print("\n".join(table_lines))
+    if main_run:
+        name, table, bounds = main_run
+        print(f"\n{name} (new defaults), mean of its timed steps:\n")
+        print("| phase | s | bound s | % of bound |\n|---|---|---|---|")
+        for p in PHASES:
+            row, b = table.get(p), bounds.get(p)
+            if not row:
+                continue
+            sec = row["mean_s_per_step"]
+            pct = f"{100 * b['bound_s'] / sec:.0f}" if b and sec else "–"
+            print(f"| {p} | {sec:.2f} | {b['bound_s']:.2f} | {pct} |" if b else f"| {p} | {sec:.2f} | – | – |")
 
 
 if __name__ == "__main__":

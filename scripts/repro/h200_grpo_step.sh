@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
 # GRPO step at 64 prompts x 8 generations x 512 new tokens on one H200: phase6 after (the new defaults), TRL 1.16's
-# stock GRPOTrainer (HF generate), phase6 before (3348fbd), then lever variants while the budget lasts.
-# Reproduces docs/benchmarks.md, "6D at the roofline: the GRPO step before / after / TRL stock (issue 31)".
+# stock GRPOTrainer (HF generate), then single-lever ablations while the budget lasts.
+# Reproduces docs/benchmarks.md, "6D at the roofline: the GRPO step before / after / TRL stock (issue 31)", and its
+# subsection "Second round (issue 31 follow-up): fused sampler, Liger in the engine, right-aligned passes".
 #
 #   bash scripts/repro/h200_grpo_step.sh CARRY_DIR
 #
-# Order: after (new defaults, 3 steps), TRL stock (1 step), before (2 steps), after + shared prompt (2 steps), then
-# --liger off and --gradient-checkpointing on (2 steps each) while the budget lasts (~400 s for the first four).
+# Order: after (new defaults: + fused sampler, Liger in the engine, right-aligned passes; 3 steps, 2 timed), TRL
+# stock (1 step), then ablations of 2 steps each (1 timed): --right-align off, --fused-sampling off --liger-engine off
+# (the two rollout levers; the fused sampler's own share is the sampler_parity timing x 511 steps), then
+# --micro-batch-size 32 while time lasts (~360 s for the first four). phase6 before (3348fbd) is not re-run: its
+# 2026-12-02 row stands (23.32 s).
 # CARRY_DIR holds whl/ (trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19, liger-kernel 0.8.5, and the
-# Hydra that phase6 imports: hydra-core 1.3.2, omegaconf 2.3.0, antlr4-python3-runtime 4.9.3, the wheels of
-# .device/vllm/whl; the image has torch 2.11, transformers 5.17, accelerate, pyarrow, pandas, xxhash, PyYAML,
-# triton 3.6) and before.tar.xz (git archive of 3348fbd). Recipe for whl/ (here, no device time):
+# Hydra that phase6 imports: hydra-core 1.3.2, omegaconf 2.3.0, antlr4-python3-runtime 4.9.3; the image has torch
+# 2.11, transformers 5.17, accelerate, pyarrow, pandas, xxhash, PyYAML, triton 3.6). Recipe for whl/ (here, no
+# device time):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d CARRY_DIR/whl trl==1.16.0 datasets==5.2.0 \
 #     dill==0.4.1 multiprocess==0.70.19 liger-kernel==0.8.5 hydra-core==1.3.2 omegaconf==2.3.0 \
 #     antlr4-python3-runtime==4.9.3
-# (the 2026-12-02 call's first attempt stopped at `No module named 'omegaconf'`: the carry then lacked the three
-# Hydra wheels and relied on the vLLM carry's; the script now checks every import it needs before the first part).
-# Every part runs under its own `timeout`, capped by what is left of BUDGET_S (default 405 s; with the 5 s kill grace
-# and the summary the script stays under 420 s), so the whole script ends inside it even if a part hangs. Writes 2 files to $OUT: grpo_step.tar.xz (every part's JSON and
-# log) and grpo_step_summary.md; prints the summary table last.
+# The script checks every import it needs before the first part. Every part runs under its own `timeout`, capped by
+# what is left of BUDGET_S (default 405 s; with the 5 s kill grace and the summary the script stays under 420 s), so
+# the whole script ends inside it even if a part hangs. Writes 2 files to $OUT: grpo_step.tar.xz (every part's JSON
+# and log) and grpo_step_summary.md; prints the summary last (its tail: one table of every run, then the new default
+# run phase by phase with % of bound).
 set -u
 CARRY=$(cd "${1:?usage: h200_grpo_step.sh CARRY_DIR}" && pwd)
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,7 +39,6 @@ export PYTHONPATH=/tmp/i31_site
 # every import the parts need, before any device time goes to a part that would fail at once
 python3 -c "import trl, datasets, liger_kernel, hydra, omegaconf, antlr4" ||
     { echo "missing a wheel in $CARRY/whl (see the header's list)"; exit 2; }
-mkdir -p /tmp/i31_before && tar -xJf "$CARRY/before.tar.xz" -C /tmp/i31_before || { echo "before.tar.xz"; exit 2; }
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 export PYTHONUNBUFFERED=1 TRL_EXPERIMENTAL_SILENCE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
@@ -58,18 +61,17 @@ part() {
     # per-step times as the trainer logs them (also when the part was cut short), then any error
     grep -o "'time/step_s': '[0-9.e+-]*'" "$WORK/$name.log" | tr '\n' ' '
     echo
-    grep -E 'Error|error:|liger:' "$WORK/$name.log" | tail -n 4
+    grep -E 'Error|error:|liger:|fused sampling:' "$WORK/$name.log" | tail -n 4
 }
 
-# most important first: after (new defaults), the stock anchor (1 step: one HF `generate` rollout is ~1 min; its
-# only step includes TRL's Triton JIT of the fused LM head), before (2 steps), then after + shared prompt (the lever
-# predicted to reach 15 s; 2 steps, the second timed) and what single levers bought while time lasts
+# most important first: after (new defaults; 3 steps, the first holds the CUDA-graph captures and Triton JITs), the
+# stock anchor (1 step: one HF `generate` rollout is ~1 min; its only step includes TRL's Triton JIT of the fused LM
+# head), then one ablation per new lever group while time lasts
 part h200_grpo_step_after 60 125 "$REPO" --steps 3
 part h200_grpo_step_stock_trl 90 150 "$REPO" --step-trainer stock --steps 1
-part h200_grpo_step_before_3348fbd 70 125 /tmp/i31_before --steps 2
-part h200_grpo_step_after_shared_prompt 65 110 "$REPO" --steps 2 --shared-prompt on
-part h200_grpo_step_after_liger_off 65 100 "$REPO" --steps 2 --liger off
-part h200_grpo_step_after_checkpointing_on 65 100 "$REPO" --steps 2 --gradient-checkpointing on
+part h200_grpo_step_after_right_align_off 65 100 "$REPO" --steps 2 --right-align off
+part h200_grpo_step_after_rollout_levers_off 65 100 "$REPO" --steps 2 --fused-sampling off --liger-engine off
+part h200_grpo_step_after_micro_batch_32 65 100 "$REPO" --steps 2 --micro-batch-size 32
 
 python3 "$REPO/scripts/repro/grpo_step_summary.py" "$WORK/json" >"$OUT/grpo_step_summary.md" 2>&1
 tar -C "$WORK" -cJf "$OUT/grpo_step.tar.xz" . 2>/dev/null

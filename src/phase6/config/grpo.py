@@ -231,9 +231,16 @@ class GrpoTrainConfig:
     gradient within float noise (tests/test_grpo_levers.py); the prompt tokens' FLOPs drop by num_generations.
     Not recommended: measured slower on one H200, 25.24 vs 18.72 s per step (docs/benchmarks.md, issue 31)."""
     liger: bool = False
-    """Liger-Kernel's fused RMSNorm + SwiGLU on the policy and reference (CUDA + the liger-kernel package; the rollout
-    engine is left alone). Part of the measured-fastest GPU settings (docs/benchmarks.md, issue 31; within
-    transformers' own bf16 error there, its speed share not measured alone)."""
+    """Liger-Kernel's fused RMSNorm + SwiGLU on the policy and reference (CUDA + the liger-kernel package). Part of
+    the measured-fastest GPU settings (docs/benchmarks.md, issue 31; within transformers' own bf16 error there)."""
+    right_align: bool = True
+    """With length_buckets: every log-prob forward shifts its rows to right padding and runs without an attention
+    mask (causal attention needs none then): SDPA's causal flash kernel with native GQA instead of the masked kernel
+    with K/V repeated per query head. Same log-probs and gradient within 1e-5 in float32 (tests/test_grpo_levers.py;
+    issue 31)."""
+    liger_engine: bool = True
+    """With liger: the same kernels in the HF rollout engine's model too (prefill and the decode loop's CUDA graphs;
+    issue 31). No effect with engine=vllm."""
     logging_steps: int = 1
     """Log every N optimizer steps (1: every step's breakdown row is logged)."""
     trl: dict[str, Any] = field(default_factory=dict)

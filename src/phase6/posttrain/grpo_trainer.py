@@ -26,8 +26,9 @@ Step-time levers (issue 31; each measured in docs/benchmarks.md, "6D at the roof
 - ``length_buckets``: the generation batch is sorted by length before it is split into micro-batches (instead of
   TRL's random shuffle; only for loss types whose value does not depend on which rows share a micro-batch), and
   every log-prob forward drops the columns that are padding in all of its rows;
-- ``liger``: Liger-Kernel's fused RMSNorm and SwiGLU on the policy and reference instances only (the rollout engine
-  and the module's classes are left as they were).
+- ``liger``: Liger-Kernel's fused RMSNorm and SwiGLU on the policy and reference instances, and (``liger_engine``,
+  default on) on the HF rollout engine's own model, whose decode-loop CUDA graphs then replay Liger's kernels (the
+  module's classes are left as they were).
 - ``shared_prompt`` (opt-in): every log-prob pass runs each distinct prompt through the backbone once and shares
   its KV cache with the rows of its group (same log-probs and gradient; the prompt tokens' FLOPs / group size).
   Measured slower on one H200 (25.24 vs 18.72 s per step, 2026-12-02): not recommended until profiled.
@@ -224,6 +225,32 @@ def trim_padding(attention_mask: torch.Tensor, logits_to_keep: int) -> tuple[int
     return lead, max(trail, 0)
 
 
+def right_align(
+    ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded prompt + right-padded completion rows, shifted left so every row starts at column 0.
+
+    Returns (ids, mask, labels, cols): the shifted rows (padding only on the right), TRL's fused-LM-head labels
+    (the completion tokens; -100 on prompt and padding), and (B, logits_to_keep) the column of each completion
+    position in the shifted layout. Under causal attention a right-padded row needs no mask (no real token sees a
+    later column), so the forward runs with ``attention_mask=None``: SDPA's causal flash kernel with native GQA
+    instead of the masked kernel with K/V repeated to every query head. Positions become 0-based per row, as in
+    the rollout engine (generate's position ids); RoPE depends on position differences only, so in float32 the
+    log-probs equal the left-padded pass up to rounding (tests/test_grpo_levers.py: 1e-5)."""
+    width = ids.size(1)
+    prompt_width = width - logits_to_keep
+    shift = prompt_width - mask[:, :prompt_width].sum(1)  # (B,) leading padding columns
+    src = torch.arange(width, device=ids.device) + shift[:, None]
+    inside = src < width
+    src = src.clamp(max=width - 1)
+    ids_r = ids.gather(1, src).masked_fill(~inside, pad_id)
+    mask_r = mask.gather(1, src) * inside
+    cols = (prompt_width - shift)[:, None] + torch.arange(logits_to_keep, device=ids.device)
+    labels = ids_r.masked_fill(mask_r == 0, -100)
+    labels = labels.masked_fill(torch.arange(width, device=ids.device) < (prompt_width - shift)[:, None], -100)
+    return ids_r, mask_r, labels, cols
+
+
 def _select_cache_rows(cache: Any, index: torch.Tensor) -> None:
     """Row ``index[i]`` of every layer's K/V becomes row i (differentiable indexing; transformers 5.x caches)."""
     if hasattr(cache, "batch_select_indices"):
@@ -292,7 +319,9 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
         mismatch_every: int = 10,
         length_buckets: bool = True,
         liger: bool = False,
+        liger_engine: bool = True,
         shared_prompt: bool = False,
+        right_align: bool = True,
         **kwargs: Any,
     ) -> None:
         if is_correction not in IS_CORRECTIONS:
@@ -325,12 +354,20 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
         # one forward per distinct prompt in every log-prob pass (needs length_buckets for whole-group micro-batches;
         # one process; off under gradient checkpointing, whose recompute would append to the shared cache twice)
         self.shared_prompt = shared_prompt and length_buckets and self.accelerator.num_processes == 1
+        # causal attention without a padding mask: rows shifted to right padding (with length buckets; the shared
+        # prompt pass keeps its own layout)
+        self.right_align = right_align and length_buckets
+        self.right_aligned_chunks = 0
         self.liger_patched: dict[str, list[str]] = {}
         if liger:
             self.liger_patched["policy"] = apply_liger_layers(self._policy())
             if self.ref_model is not None:
                 self.liger_patched["ref"] = apply_liger_layers(self.accelerator.unwrap_model(self.ref_model))
         self.engine = engine_builder(self)
+        # the same kernels in the HF engine's own model (its prefill and the decode loop's CUDA graphs: ~430 fewer
+        # small kernels per token step); a vLLM engine has its own fused kernels
+        if liger and liger_engine and isinstance(getattr(self.engine, "model", None), torch.nn.Module):
+            self.liger_patched["engine"] = apply_liger_layers(self.engine.model)
         self.staleness = staleness
         self.is_correction = is_correction
         self.is_clip = is_clip
@@ -595,6 +632,10 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
             key = torch.cat([ids[:, : prompt_width - 1], mask[:, : prompt_width - 1]], 1)
             distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
             eligible = distinct.size(0) < ids.size(0)
+        if not eligible and self.right_align and kwargs.get("token_type_ids") is None:
+            aligned = self._right_aligned_logps(model, ids, mask, logits_to_keep, compute_entropy)
+            if aligned is not None:
+                return aligned
         if not eligible:
             lp, ent, _ = plain(self, model, ids, mask, logits_to_keep, None, compute_entropy, False, **kwargs)
             return lp, ent
@@ -621,6 +662,30 @@ class EngineGRPOTrainer(TimedGRPOTrainer):
                 **{cache_arg: cache},
             )
         return out.log_probs[:, -logits_to_keep:], out.entropy[:, -logits_to_keep:] if compute_entropy else None
+
+    def _right_aligned_logps(
+        self, model: Any, ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int, compute_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """One chunk's log-probs (and entropies) through ``right_align``: no attention mask, causal flash attention.
+        None (the caller runs the masked pass) when a row's mask is not one run of ones after the shift (a hole
+        inside prompt or completion); one host sync, which also reads the width left after the shift."""
+        pad_id = getattr(self._tokenizer, "pad_token_id", None) or 0  # never attended to by a real token
+        ids_r, mask_r, labels, cols = right_align(ids, mask, logits_to_keep, pad_id)
+        holes = (mask_r[:, 1:] > mask_r[:, :-1]).any()
+        width, has_holes = torch.stack([mask_r.sum(1).max(), holes.long()]).tolist()
+        if has_holes:
+            return None
+        width = max(int(width), 1)
+        ids_r, labels = ids_r[:, :width], labels[:, :width]
+        valid = mask[:, -logits_to_keep:].bool() & (cols < width)
+        # the fused head's output t scores token t + 1 (shifted labels): completion column c is output c - 1
+        at = (cols - 1).clamp(min=0, max=max(width - 2, 0))
+        with self.accelerator.autocast():
+            out = model(input_ids=ids_r, attention_mask=None, labels=labels, fused_lm_head=True)
+        self.right_aligned_chunks += 1
+        lp = torch.where(valid, out.log_probs.gather(1, at), 0.0)
+        ent = torch.where(valid, out.entropy.gather(1, at), 0.0) if compute_entropy else None
+        return lp, ent
 
     def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)

@@ -176,6 +176,7 @@ class HFEngine:
                 "decode_s": res.decode_s,
                 "steps": res.steps,
                 "graphs_captured": res.graphs_captured,
+                "fused_sampling": res.fused_sampling,
             }
             return RolloutOutput(res.completion_ids, res.logprobs, t.s)
         ids, mask = left_pad(prompt_ids, self.pad_id, self.device, self.pad_to_multiple)

@@ -46,7 +46,7 @@ import torch
 from transformers import PreTrainedModel
 
 from phase6.models.packed_gqa import register_packed_gqa
-from phase6.rollout import SamplingParams, cut_at_eos
+from phase6.rollout import SamplingParams, cut_at_eos, fused_sample
 from phase6.timing import sync, wall
 
 ATTENTIONS = {"packed_gqa": register_packed_gqa(), "sdpa": "sdpa"}
@@ -71,6 +71,11 @@ class LoopOptions:
     """Padded prompt tokens per prefill forward (bounds the prefill activations)."""
     cuda_graphs: bool = True
     """Replay each token step as a CUDA graph (CUDA only; on CPU the same step runs eagerly)."""
+    fused_sampling: bool = True
+    """Plain temperature sampling + the token's log-prob in one Triton pass over the bf16 logits
+    (``phase6.rollout.fused_sample``: same distribution and log-prob, one read of the logits instead of ~12 passes
+    over a float32 copy; issue 31). Where Triton is missing, or top-k / top-p / min-new-tokens / greedy are set, the
+    torch path ``sample_tokens`` runs."""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
@@ -185,6 +190,7 @@ class _Batch:
         params: SamplingParams,
         want_logprobs: bool,
         device: torch.device,
+        fused: bool = False,
     ) -> None:
         self.key = key
         self.want_logprobs = want_logprobs
@@ -198,6 +204,8 @@ class _Batch:
         self.t = torch.zeros(1, dtype=torch.long, device=device)  # index of the token the next step samples
         self.cur = torch.zeros((batch, 1), dtype=torch.long, device=device)  # last sampled token per row
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.fused = fused
+        self.seed = torch.zeros(1, dtype=torch.long, device=device)  # the fused sampler's Philox key base, per call
         self.tokens = torch.zeros((batch, params.max_new_tokens), dtype=torch.long, device=device)
         self.logprobs = torch.zeros((batch, params.max_new_tokens), dtype=torch.float32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -215,6 +223,8 @@ class LoopResult:
     steps: int
     """Tokens generated per row (decode stops early when every row has finished)."""
     graphs_captured: int
+    fused_sampling: bool = False
+    """Whether the fused Triton sampler drew the tokens (LoopOptions.fused_sampling, where it applies)."""
 
 
 class DecodeLoop:
@@ -258,8 +268,9 @@ class DecodeLoop:
         key = (batch, prompt_len, params, want_logprobs)
         if self._batch is None or self._batch.key != key:
             self._batch = None  # free the previous shape's cache and graphs first
+            fused = self.options.fused_sampling and fused_sample.available(self.device) and fused_sample.applies(params)
             self._batch = _Batch(
-                key, self.model.config.num_hidden_layers, batch, prompt_len, params, want_logprobs, self.device
+                key, self.model.config.num_hidden_layers, batch, prompt_len, params, want_logprobs, self.device, fused
             )
         return self._batch
 
@@ -275,6 +286,8 @@ class DecodeLoop:
         st.start.copy_(prompt_len - lens)
         st.done.zero_()
         st.t.zero_()
+        if st.fused:  # the kernel's Philox key, from torch's generator (manual_seed holds); the torch path draws none
+            st.seed.fill_(int(torch.randint(0, 2**31 - 1, (1,)).item()))
         captured = len(st.graphs)
         with self._attention():
             sync(self.device)  # three synchronized clock reads: prefill = t1 - t0, decode = t2 - t1
@@ -292,7 +305,7 @@ class DecodeLoop:
         if want_logprobs:
             lps = st.logprobs[:, :steps].cpu().tolist()
             logprobs = [row[: len(c)] for row, c in zip(lps, completions, strict=True)]
-        return LoopResult(completions, logprobs, t1 - t0, t2 - t1, steps, len(st.graphs) - captured)
+        return LoopResult(completions, logprobs, t1 - t0, t2 - t1, steps, len(st.graphs) - captured, st.fused)
 
     def _prefill(self, st: _Batch, prompt_ids: list[list[int]]) -> None:
         """Prompt K/V of every row into the cache, and the first token sampled from each prompt's last logits."""
@@ -387,7 +400,10 @@ class DecodeLoop:
 
     def _emit(self, st: _Batch, logits: torch.Tensor) -> None:
         """Sample token ``t`` of every row and store it; finished rows get padding (as generate)."""
-        tokens, logprobs = sample_tokens(logits, st.params, st.t, self.eos, st.want_logprobs)
+        if st.fused:
+            tokens, logprobs = fused_sample.fused_sample(logits, st.params.temperature, st.seed, st.t, st.want_logprobs)
+        else:
+            tokens, logprobs = sample_tokens(logits, st.params, st.t, self.eos, st.want_logprobs)
         tokens = torch.where(st.done, self.pad_id, tokens)
         st.done.logical_or_((tokens[:, None] == self.eos).any(dim=-1))  # (B,): explicit, no sorting path of isin
         st.tokens.index_copy_(1, st.t, tokens[:, None])
