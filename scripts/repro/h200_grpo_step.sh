@@ -67,11 +67,20 @@ part() {
 # most important first: after (new defaults; 3 steps, the first holds the CUDA-graph captures and Triton JITs), the
 # stock anchor (1 step: one HF `generate` rollout is ~1 min; its only step includes TRL's Triton JIT of the fused LM
 # head), then one ablation per new lever group while time lasts
-part h200_grpo_step_after 60 125 "$REPO" --steps 3
-part h200_grpo_step_stock_trl 90 150 "$REPO" --step-trainer stock --steps 1
-part h200_grpo_step_after_right_align_off 65 100 "$REPO" --steps 2 --right-align off
-part h200_grpo_step_after_rollout_levers_off 65 100 "$REPO" --steps 2 --fused-sampling off --liger-engine off
-part h200_grpo_step_after_micro_batch_32 65 100 "$REPO" --steps 2 --micro-batch-size 32
+# PARTS picks and orders the parts (default: all, in this order); a call that is not the final one may leave out
+# the stock anchor, which must run in the same call as the measurement it is compared with
+PARTS=${PARTS:-"after stock right_align_off rollout_levers_off micro_batch_32"}
+for p in $PARTS; do
+    case $p in
+    after) part h200_grpo_step_after 60 125 "$REPO" --steps 3 ;;
+    stock) part h200_grpo_step_stock_trl 90 150 "$REPO" --step-trainer stock --steps 1 ;;
+    right_align_off) part h200_grpo_step_after_right_align_off 65 100 "$REPO" --steps 2 --right-align off ;;
+    rollout_levers_off)
+        part h200_grpo_step_after_rollout_levers_off 65 100 "$REPO" --steps 2 --fused-sampling off --liger-engine off ;;
+    micro_batch_32) part h200_grpo_step_after_micro_batch_32 65 100 "$REPO" --steps 2 --micro-batch-size 32 ;;
+    *) echo "unknown part $p" | tee -a "$WORK/parts.txt" ;;
+    esac
+done
 
 python3 "$REPO/scripts/repro/grpo_step_summary.py" "$WORK/json" >"$OUT/grpo_step_summary.md" 2>&1
 tar -C "$WORK" -cJf "$OUT/grpo_step.tar.xz" . 2>/dev/null
