@@ -6,10 +6,13 @@
 #
 #   bash scripts/repro/h200_grpo_step.sh CARRY_DIR
 #
-# Order: after (new defaults: + fused sampler, Liger in the engine, right-aligned passes; 3 steps, 2 timed), TRL
-# stock (1 step), then ablations of 2 steps each (1 timed): --right-align off, --fused-sampling off --liger-engine off
-# (the two rollout levers; the fused sampler's own share is the sampler_parity timing x 511 steps), then
-# --micro-batch-size 32 while time lasts (~360 s for the first four). phase6 before (3348fbd) is not re-run: its
+# Order (PARTS, default "after stock micro_batch_16 right_align_off rollout_levers_off"): after (the bench's defaults:
+# micro-batch 32, fused sampler, Liger in the engine, right-aligned passes; 3 steps, 2 timed), TRL stock (1 step, at
+# micro-batch 16 as measured), then 2-step ablations (1 timed) while the budget lasts. The second round's measured
+# calls (2026-12-02) were, from the checkout:
+#   PARTS="after micro_batch_32 right_align_off rollout_levers_off" BUDGET_S=395 bash scripts/repro/h200_grpo_step.sh CARRY
+#   MB32_STEPS=3 PARTS="micro_batch_32 stock" BUDGET_S=280 bash scripts/repro/h200_grpo_step.sh CARRY
+# (then the bench's default micro-batch was 16, so `after` ran 16 rows). phase6 before (3348fbd) is not re-run: its
 # 2026-12-02 row stands (23.32 s).
 # CARRY_DIR holds whl/ (trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19, liger-kernel 0.8.5, and the
 # Hydra that phase6 imports: hydra-core 1.3.2, omegaconf 2.3.0, antlr4-python3-runtime 4.9.3; the image has torch
@@ -69,15 +72,18 @@ part() {
 # head), then one ablation per new lever group while time lasts
 # PARTS picks and orders the parts (default: all, in this order); a call that is not the final one may leave out
 # the stock anchor, which must run in the same call as the measurement it is compared with
-PARTS=${PARTS:-"after stock right_align_off rollout_levers_off micro_batch_32"}
+PARTS=${PARTS:-"after stock micro_batch_16 right_align_off rollout_levers_off"}
 for p in $PARTS; do
     case $p in
-    after) part h200_grpo_step_after 60 125 "$REPO" --steps 3 ;;
-    stock) part h200_grpo_step_stock_trl 90 150 "$REPO" --step-trainer stock --steps 1 ;;
+    after) part h200_grpo_step_after 60 125 "$REPO" --steps ${AFTER_STEPS:-3} ;;  # bench defaults: micro-batch 32
+    # the stock anchor at the micro-batch it was measured with (2026-12-02: 16, gradient checkpointing as TRL's own)
+    stock) part h200_grpo_step_stock_trl 90 150 "$REPO" --step-trainer stock --steps 1 --micro-batch-size 16 ;;
     right_align_off) part h200_grpo_step_after_right_align_off 65 100 "$REPO" --steps 2 --right-align off ;;
     rollout_levers_off)
         part h200_grpo_step_after_rollout_levers_off 65 100 "$REPO" --steps 2 --fused-sampling off --liger-engine off ;;
-    micro_batch_32) part h200_grpo_step_after_micro_batch_32 65 100 "$REPO" --steps 2 --micro-batch-size 32 ;;
+    # the second round's call 1 ran the 16-row defaults as `after` and 32 rows as this part (then not the default)
+    micro_batch_16) part h200_grpo_step_after_micro_batch_16 65 125 "$REPO" --steps 2 --micro-batch-size 16 ;;
+    micro_batch_32) part h200_grpo_step_after_micro_batch_32 65 125 "$REPO" --steps ${MB32_STEPS:-2} --micro-batch-size 32 ;;
     *) echo "unknown part $p" | tee -a "$WORK/parts.txt" ;;
     esac
 done
