@@ -218,7 +218,7 @@ class Zero3:
     def close(self) -> None:
         """Break the param -> hook -> self -> blocks cycle: its grad hooks live in C++, where the cyclic GC cannot see
         them, so without this every ZeRO-3 case's blocks, buffers and shards stayed allocated for the rest of the run
-        (the 2026-12-02 04:00 run: base memory grew case by case and the 405B TP1 cases OOMed)."""
+        (the 2026-12-02 03:45 UTC run: base memory grew case by case and the 405B TP1 cases OOMed)."""
         for h in self.handles:
             h.remove()
         self.handles.clear()
