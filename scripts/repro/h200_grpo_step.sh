@@ -78,9 +78,16 @@ for p in $PARTS; do
     after) part h200_grpo_step_after 60 125 "$REPO" --steps ${AFTER_STEPS:-3} ;;  # bench defaults: micro-batch 32
     # the stock anchor at the micro-batch it was measured with (2026-12-02: 16, gradient checkpointing as TRL's own)
     stock) part h200_grpo_step_stock_trl 90 150 "$REPO" --step-trainer stock --steps 1 --micro-batch-size 16 ;;
-    right_align_off) part h200_grpo_step_after_right_align_off 65 100 "$REPO" --steps 2 --right-align off ;;
+    right_align_off) part h200_grpo_step_after_right_align_off 65 100 "$REPO" --steps ${ABL_STEPS:-2} --right-align off ;;
     rollout_levers_off)
-        part h200_grpo_step_after_rollout_levers_off 65 100 "$REPO" --steps 2 --fused-sampling off --liger-engine off ;;
+        part h200_grpo_step_after_rollout_levers_off 65 100 "$REPO" --steps ${ABL_STEPS:-2} --fused-sampling off --liger-engine off ;;
+    # single-lever runs of the first round's levers at the current defaults (ABL_STEPS=3 gives 2 timed steps each:
+    # one timed step did not resolve right_align_off from the step-to-step spread on 2026-12-02)
+    liger_off) part h200_grpo_step_after_liger_off 65 110 "$REPO" --steps ${ABL_STEPS:-2} --liger off ;;
+    checkpointing_on) part h200_grpo_step_after_checkpointing_on 65 120 "$REPO" --steps ${ABL_STEPS:-2} --gradient-checkpointing on ;;
+    # (length buckets off also turns the right-aligned passes off: they need the buckets)
+    buckets_off) part h200_grpo_step_after_buckets_off 65 110 "$REPO" --steps ${ABL_STEPS:-2} --length-buckets off ;;
+    mismatch_every_1) part h200_grpo_step_after_mismatch_every_1 65 110 "$REPO" --steps ${ABL_STEPS:-2} --mismatch-every 1 ;;
     # the second round's call 1 ran the 16-row defaults as `after` and 32 rows as this part (then not the default)
     micro_batch_16) part h200_grpo_step_after_micro_batch_16 65 125 "$REPO" --steps 2 --micro-batch-size 16 ;;
     micro_batch_32) part h200_grpo_step_after_micro_batch_32 65 125 "$REPO" --steps ${MB32_STEPS:-2} --micro-batch-size 32 ;;
