@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from phase6.plan import memory as memory_mod
@@ -149,10 +151,14 @@ def test_kv_heads_replicate_beyond_their_count() -> None:
     assert serve_memory(llama, 8, 1, 1024, 80, 0.9, 1.0).kv_bytes_per_token == 327_680 / 8
 
 
-def test_pp_with_fsdp_keeps_the_stage_unsharded_as_torchtitan_does() -> None:
+def test_pp_with_fsdp_keeps_the_stage_unsharded_as_torchtitan_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # torchtitan: reshard_after_forward = not pp_enabled. Llama-3.1-405B FSDP8 x TP8 x PP8: the old per-block model
     # said 21-23 GiB/GPU, torchtitan reports 72.7-82.5 GiB (benchmarks/llama3_h100_202412_torchtitan.md Table 5,
-    # local batch 32 = 8 micro-batches of 4, full AC, Float8 + compile).
+    # local batch 32 = 8 micro-batches of 4, full AC, Float8 + compile). The formula's terms alone (no GPU-measured
+    # allocator reserve: with it, 86 GiB, docs/benchmarks.md "plan memory measured on one H200").
+    monkeypatch.setattr(memory_mod, "MEMORY_CALIBRATION_PATH", tmp_path / "none.json")
     m = ModelSpec.from_hf_config(
         dict(
             model_type="llama",
@@ -213,6 +219,44 @@ def test_zero3_buffers_follow_fsdp2_post_backward() -> None:
     assert z(p, 20e9, 1e9) == pytest.approx(4 * p)  # large activations: A
     assert z(p, 0.0, grad_reduce_bytes=2) == pytest.approx(8 * p)
     assert z(p, 20e9, 1e9, grads_at_peak=0.3e9) == pytest.approx(4.3 * p)  # w2's grad held at the SwiGLU peak
+    # the second block's output gradient is new at moment B (the first block's is the loss's)
+    assert z(p, 0.5e9, 1.5e9, incoming_grad=0.2e9) == pytest.approx(7.7 * p)
+    assert z(p, 20e9, 1e9, incoming_grad=0.2e9) == pytest.approx(4 * p)  # A still wins: B = 8 - 20 + 0.2
+
+
+def test_zero3_grads_held_move_the_peak_along_the_mlp_backward() -> None:
+    # ZeRO-3 holds a block's own bf16 grads until its backward ends (the plain run preallocated them), so the peak
+    # moves from w2's backward to w1's once h·f/TP is large against s·f/TP. Llama-3.1-405B at TP 8, s 8192: t = h/2,
+    # so 4·t·f = 2·h·f and w1's moment exceeds w2's by exactly the two full-length input grads minus one: t·h x 2 B.
+    m405 = ModelSpec.from_hf_config(
+        dict(model_type="llama", num_hidden_layers=126, hidden_size=16384, num_attention_heads=128,
+             num_key_value_heads=8, intermediate_size=53248, vocab_size=128256, max_position_embeddings=131072),
+        name="405b", source="Llama-3.1-405B config.json",
+    )  # fmt: skip
+    setup = TrainSetup(8192, 8192, activation_layout="bsh", fused_elementwise=False)
+    t = memory_mod.activation_terms(m405, setup, tp=8)
+    assert t["grads_at_peak"] == pytest.approx(2 * 8192 * 16384)
+    assert t["incoming_grad"] == pytest.approx(2 * 8192 * 16384 / 8)
+    # Llama-3.1-8B at TP 1: the SwiGLU backward (2·s·f) beats w2's (s·f + h·f): w2's grad, h·f x 2 B, is the excess
+    t8 = memory_mod.activation_terms(resolve_model("llama3.1-8b"), setup, tp=1)
+    assert t8["grads_at_peak"] == pytest.approx(2 * 4096 * 14336)
+
+
+def test_the_h200_sweep_matches_the_formula_per_term_group() -> None:
+    # the committed H200 run (docs/results/i30_plan_memory_2026-12-02_full2, 72 cases) against the planner's terms:
+    # saved after forward, activations at the backward's peak (per AC mode) and ZeRO-3 buffers within 1 %
+    import json
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts/repro"))
+    import plan_memory_fit as fitmod
+
+    data = json.loads((root / "docs/results/i30_plan_memory_2026-12-02_full2/plan_memory.json").read_text())
+    _, cal = fitmod.fit(data["records"])
+    assert cal["cases"] == 72
+    for group, g in cal["groups"].items():
+        assert 0.99 <= g["min"] and g["max"] <= 1.01, (group, g)
 
 
 @pytest.mark.slow  # ~11 s alone on the 2-core box (6 CPU fwd+bwd under MemTracker)

@@ -15,7 +15,16 @@ from phase6.config.plan import PlanConfig
 from phase6.plan import memory as memory_mod
 from phase6.plan.memory import ParallelLayout, TrainSetup, train_memory
 from phase6.plan.model import resolve_model
-from phase6.plan.practice import DATASHEET, FITTED, MEASURED, TERM_STATUS, Comparison, compare, practice_layout
+from phase6.plan.practice import (
+    DATASHEET,
+    FITTED,
+    MEASURED,
+    TERM_STATUS,
+    Comparison,
+    compare,
+    memory_status,
+    practice_layout,
+)
 from phase6.plan.recommend import SEARCHED_SCHEDULES, recommend_train, schedules
 from phase6.plan.serve_reserve import calibrate, parse_vllm_log
 from phase6.plan.train import cp_merge_bytes, predict_train_step
@@ -148,6 +157,22 @@ def test_memory_calibration_file_scales_the_terms(tmp_path: Path, monkeypatch: p
     got = train_memory(m, lay, setup)
     assert got.activations == pytest.approx(1.2 * base.activations)
     assert got.transient == pytest.approx(1.5 * base.transient)
+    # the allocator reserve lands on the step's dynamic bytes only (activations, logits, per-block ZeRO-3 buffers)
+    cal["reserve_fraction"] = 0.25
+    (tmp_path / "cal2.json").write_text(json.dumps(cal))
+    monkeypatch.setattr(memory_mod, "MEMORY_CALIBRATION_PATH", tmp_path / "cal2.json")
+    got = train_memory(m, lay, setup)
+    dyn = 1.2 * base.activations + base.logits + 1.5 * base.transient
+    assert got.transient == pytest.approx(1.5 * base.transient + 0.25 * dyn)
+    assert (got.params, got.grads, got.optimizer) == (base.params, base.grads, base.optimizer)
+    # with PP the stage's unsharded params + grads stay resident (not emulated on the GPU): neither factor nor reserve
+    pp_got = train_memory(m, ParallelLayout(dp=4, pp=2), setup)
+    copies = [(d + e) * (2 + setup.grad_reduce_bytes) for d, e in memory_mod.stage_params(m, 2)]  # first, last stage
+    resident = pp_got.transient - 0.25 * (pp_got.activations + pp_got.logits)
+    assert any(resident == pytest.approx(c) for c in copies), (resident, copies)
+    assert "allocator reserve 0.25" in memory_status()[1] and memory_status()[0] == MEASURED
+    monkeypatch.setattr(memory_mod, "MEMORY_CALIBRATION_PATH", tmp_path / "none.json")
+    assert memory_status()[0] == DATASHEET
     (tmp_path / "bad.json").write_text(json.dumps({"source": "x"}))
     monkeypatch.setattr(memory_mod, "MEMORY_CALIBRATION_PATH", tmp_path / "bad.json")
     with pytest.raises(ValueError, match="missing key 'activations'"):

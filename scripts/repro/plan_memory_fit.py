@@ -81,7 +81,12 @@ def predicted(rec: dict) -> dict[str, float]:
         "saved": n * t["saved"],
         "peak_act": n * t["saved"] + t["recompute"] + t["workspace"],
         "zero3": zero3_buffer_bytes(
-            rec["param_bytes_per_layer"] / 2, t["saved"], t["recompute"] + t["workspace"], 4, t["grads_at_peak"]
+            rec["param_bytes_per_layer"] / 2,
+            t["saved"],
+            t["recompute"] + t["workspace"],
+            4,
+            t["grads_at_peak"],
+            t["incoming_grad"],
         ),
     }
 

@@ -237,7 +237,10 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int =
     moments: in w2's backward, the grad of its input s·b·f/TP, its weight's gradient h·f/TP as the GEMM writes it
     before it is added into the accumulated grad, and with TP > 1 the block output's grad all-gathered to full length
     s·b·h (SP's reduce-scatter backward, torchtitan and Megatron alike); or in the SwiGLU backward, two s·b·f/TP grads
-    with the product's saved tensor already freed))."""
+    with the product's saved tensor already freed)), and for ZeRO-3 (``zero3_buffer_bytes``): ``grads_at_peak``, the
+    most that the block's own bf16 grads held so far plus the working set exceed ``workspace`` over the MLP backward's
+    moments (``_zero3_mlp_backward_excess``), and ``incoming_grad``, the output gradient 2·s·b·h/TP of a block that is
+    not the last one in backward (the last one's is the loss's, counted with the logits)."""
     s, b = setup.seq_len / cp, setup.micro_batch_size
     sp_gathered = setup.sp_gathered_inputs and tp > 1
     eager = not setup.fused_elementwise
@@ -250,8 +253,10 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int =
     f_w = model.expert_size if model.is_moe else model.intermediate_size  # the largest weight is h x f_w / TP
     at_w2 = s * b * f / tp + h * f_w / tp + (s * b * h if tp > 1 else 0.0)
     workspace = 2 * max(at_w2, 2 * s * b * f / tp)
-    # grads a ZeRO-3 block has produced by the working-set peak: w2's, when the peak is the SwiGLU backward (after it)
-    grads_at_peak = 2 * h * f_w / tp if 2 * s * b * f / tp > at_w2 else 0.0
+    if model.gated_mlp and not model.is_moe:
+        grads_at_peak = _zero3_mlp_backward_excess(model, s * b, tp, sp_gathered, eager, workspace)
+    else:  # other MLPs: w2's grad, held when the peak is the activation backward (after w2's)
+        grads_at_peak = 2 * h * f_w / tp if 2 * s * b * f / tp > at_w2 else 0.0
     if setup.activation_checkpointing:
         saved, recompute = checkpoint, per_layer - checkpoint  # the recomputed block's input is its checkpoint
     elif setup.selective_ac and model.gated_mlp and not model.is_moe and setup.flash_attention:
@@ -268,7 +273,45 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int =
         "recompute": recompute,
         "workspace": workspace,
         "grads_at_peak": grads_at_peak,
+        "incoming_grad": 2 * s * b * h / tp,
     }
+
+
+def _zero3_mlp_backward_excess(
+    model: ModelSpec, tokens: float, tp: int, sp_gathered: bool, eager: bool, workspace: float
+) -> float:
+    """How far a ZeRO-3 block's bf16 grads held so far + the working set exceed ``workspace`` (the plain run's peak,
+    whose grads are preallocated) over a gated MLP's backward, in autograd's order (bytes; elements x 2 B below,
+    relative to the block's whole state saved + recompute; t = tokens = s·b, f and the weights per TP rank):
+    - w2's backward: w2's input grad t·f + its weight grad h·f (being written) + with TP > 1 the all-gathered output
+      grad t·h (= the plain run's first moment; no grad held yet);
+    - the SwiGLU product's backward: two t·f grads, the product's saved input freed, + w2's grad held;
+    - w3's backward: its input grad at full length t·h, one t·f net freed (product, gate and up outputs freed, two
+      grads alive), + w2's and w3's grads;
+    - w1's backward: two full-length input grads 2·t·h, (k - 1)·t·f freed (k = the s·f tensors SwiGLU saved: 4 eager,
+      3 fused; only w1's input grad alive), + the three MLP grads;
+    - the MLP norm's backward: the MLP's saved tensors freed (k·t·f and its input, t·h gathered or t·h/TP Megatron),
+      the norm's working set (eager, ``fused_elementwise: false``: fp32 copies of input, grad, normalised input, grad
+      and two temporaries = 12·t·h/TP, + the incoming grad t·h/TP; fused: grad in + grad out, 2·t·h/TP), + the three
+      MLP grads.
+    Megatron's SP (``sp_gathered`` false, TP > 1) saves the t·h/TP shard and all-gathers it again for the weight-grad
+    GEMMs: + t·h while w3's and w1's backward run. Measured (docs/benchmarks.md, plan memory on one H200): the plain run
+    peaks at one of the first two moments; with ZeRO-3 the grads held move the peak later as h·f/TP grows against t·f
+    (70B at TP 8, 405B)."""
+    h, f = model.hidden_size, model.intermediate_size
+    nf, nh, nl, w = tokens * f / tp, tokens * h, tokens * h / tp, h * f / tp
+    k = 4 if eager else 3
+    m_saved = nh if (sp_gathered or tp == 1) else nl
+    regather = nh - m_saved
+    norm_ws = (13 if eager else 2) * nl
+    moments = (
+        nf + w + (nh if tp > 1 else 0.0),  # w2's backward
+        2 * nf + w,  # SwiGLU product's backward
+        nh + regather - nf + 2 * w,  # w3's backward
+        2 * nh + regather - (k - 1) * nf + 3 * w,  # w1's backward
+        -k * nf - m_saved + norm_ws + 3 * w,  # the MLP norm's backward
+    )
+    return max(0.0, 2 * max(moments) - workspace)
 
 
 def zero3_buffer_bytes(
@@ -277,6 +320,7 @@ def zero3_buffer_bytes(
     block_backward: float = 0.0,
     grad_reduce_bytes: int = 4,
     grads_at_peak: float = 0.0,
+    incoming_grad: float = 0.0,
 ) -> float:
     """ZeRO-3 / FSDP2 buffers (no PP) on top of the activation peak, per GPU: P = one block's parameters per GPU.
 
@@ -287,12 +331,13 @@ def zero3_buffer_bytes(
     dtype (``grad_reduce_bytes``). The activation peak is at the first block in backward's working set
     (``block_backward`` = its recompute + working set, over ``block_saved`` kept bytes per block); the joint peak is
     the largest of three moments, measured from the activation peak:
-    - A, the first block in backward: nothing in flight yet, 2·2 B·P + the grads it has produced by its working-set
-      peak (``grads_at_peak``; the plain run holds all grads already, so only these count);
-    - B, the second block's working set: A + the first block's reduce input, its kept bytes freed: - block_saved;
+    - A, the first block in backward: nothing in flight yet, 2·2 B·P + how far its own grads held so far and the
+      working set exceed the plain peak (``grads_at_peak``; the plain run holds all grads already);
+    - B, the second block's working set: A + the first block's reduce input, its kept bytes freed: - block_saved,
+      + the second block's output gradient (``incoming_grad``; the first block's is the loss's, already counted);
     - C, the end of the second block: all 10 B·P, both blocks' kept bytes and the working set freed."""
     a = layer_params * 2 * PARAM_BYTES + grads_at_peak
-    b = a + layer_params * grad_reduce_bytes - block_saved
+    b = a + layer_params * grad_reduce_bytes - block_saved + incoming_grad
     c = layer_params * (2 * PARAM_BYTES + GRAD_BYTES + grad_reduce_bytes) - 2 * block_saved - block_backward
     return max(a, b, c)
 
@@ -370,7 +415,7 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
         logits = 0.0
         if is_last:  # bf16 logits + fp32 copy for the loss/grad (anchors-6a §5), vocab-parallel over TP
             logits = setup.seq_len / layout.cp * setup.micro_batch_size * model.vocab_size / layout.tp * (2 + 4)
-        transient = 0.0
+        transient = buffers = 0.0  # stage-resident (PP) | per-block ZeRO-3 buffers, allocated and freed each block
         layer_gpu = (
             model.layer_params() - model.expert_params_per_layer() + model.expert_params_per_layer() / layout.ep
         ) / layout.tp
@@ -380,18 +425,24 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
             # only after the last micro-batch: the whole stage's bf16 params and its unsharded grads stay resident.
             transient = (dense_gpu + expert_gpu) * (PARAM_BYTES + setup.grad_reduce_bytes)
         elif setup.zero >= 3:
-            transient = zero3_buffer_bytes(
+            buffers = zero3_buffer_bytes(
                 layer_gpu,
                 stage_inflight * terms["saved"],
                 terms["recompute"] + terms["workspace"],
                 setup.grad_reduce_bytes,
                 terms["grads_at_peak"],
+                terms["incoming_grad"],
             )
         cal = memory_calibration()
         if cal:
+            # each factor on what the H200 sweep measured it on: activations per AC mode; the per-block ZeRO-3 buffers
+            # (no PP; the PP stage's unsharded params + grads above were not emulated and are allocated once, like
+            # the params); the allocator reserve on the bytes allocated and freed within a step (activations, logits,
+            # per-block buffers), never on params, grads, optimizer states or the PP stage's resident copy
             acts *= float(cal["activations"].get(setup.ac_mode, 1.0))
-            transient *= float(cal["zero3_transient"]) if setup.zero >= 3 else 1.0
-            transient += float(cal["reserve_fraction"]) * (acts + logits + transient)  # allocator reserve
+            buffers *= float(cal["zero3_transient"])
+            transient += float(cal["reserve_fraction"]) * (acts + logits + buffers)  # allocator reserve
+        transient += buffers
         mem = TrainMemory(
             params=pd + pe,
             grads=gd + ge,

@@ -90,7 +90,12 @@ TERM_STATUS: dict[str, tuple[str, str]] = {
 def memory_status() -> tuple[str, str]:
     cal = memory_calibration()
     if cal:
-        return MEASURED, f"per-term factors from {cal.get('source', 'memory_calibration.json')}"
+        acts = ", ".join(f"{k} x{v}" for k, v in cal["activations"].items())
+        return MEASURED, (
+            f"{cal.get('cases', '?')} per-GPU shard cases, {cal['source']}: activations {acts}, ZeRO-3 buffers "
+            f"x{cal['zero3_transient']}, allocator reserve {cal['reserve_fraction']} x the step's dynamic bytes; not "
+            "measured: NCCL buffers, the optimizer step, the PP stage's resident copy, fragmentation over many steps"
+        )
     return DATASHEET, (
         "formula only (ZeRO bytes, Korthikanti activations): never measured on a GPU until "
         "scripts/repro/h200_plan_memory.py's table is fitted (scripts/repro/plan_memory_fit.py)"
