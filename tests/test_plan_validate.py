@@ -73,12 +73,15 @@ def test_held_out_cases_are_reported_and_do_not_regress(results) -> None:  # noq
     # issue 30 first round 12, second round 10, third round 13 (torch's context_parallel priced as torchtitan runs
     # it, DP collectives per block / bucket, Megatron's two DP windows; mean 30.6% -> 17.3% -> 15.8% -> 9.76% ->
     # 9.63%, max 70.8% -> 22.7% -> 21.73%), fourth round 14 (FP8 training all-gathers TP activations in float8:
-    # torchtitan 70B FSDP32·TP8 Float8 first; mean 9.63% -> 10.24%, the fp8 TP rows now predicted faster).
+    # torchtitan 70B FSDP32·TP8 Float8 first; mean 9.63% -> 10.24%, the fp8 TP rows now predicted faster), fifth
+    # round 16 (CP_RING_STEP_EFFICIENCY, fitted on the three held-out CP rows, replaced by the kernels' bound 1.0: the
+    # three CP rows tie their TP alternative, the 2025 70B TP8 bf16 row falls behind TP4·CP2; mean 10.24% -> 11.21%).
     errs = [abs(r.ratio - 1) for r in held]
     assert len(held) == 22
     free = sum(1 for r in held if r.rank_free == 1 or r.within_tie_free)
-    assert free >= 14 and summ["held_out"]["first_or_tied_nothing_fixed"] == free
-    assert statistics.mean(errs) <= 0.1025 and max(errs) <= 0.2174, [(r.case.id, round(r.ratio, 3)) for r in held]
+    assert free >= 16 and summ["held_out"]["first_or_tied_nothing_fixed"] == free
+    assert statistics.mean(errs) <= 0.1121 and max(errs) <= 0.2174, [(r.case.id, round(r.ratio, 3)) for r in held]
+    assert statistics.mean(errs) <= 0.12 and max(errs) <= 0.25  # issue 30's error targets
     # The AsyncTP rows: the predicted gain of async over vanilla TP stays near the published 1.09-1.10x (June 2025),
     # not the ~1.35x of hiding every TP collective.
     by_id = {r.case.id: r for r in held}

@@ -40,12 +40,17 @@ OVERLAP_COMPUTE_SLOWDOWN = 0.189
 
 
 # Ring attention's off-diagonal steps (a separate non-causal flash call per ring step on half-chunks, the
-# load-balanced q/kv halves of torch's context_parallel): their attention runs at this fraction of the causal kernel's
-# rate at the same local length. FITTED on the three published CP rows of published_runs.yaml (torchtitan Llama-3.1-8B
-# CP 2/4/8 at 64K/128K/256K, benchmarks/llama3_h100_202412_torchtitan.md Table 2; each names this constant in its
-# source), after the merge traffic (``cp_merge_bytes``): least squares in log(predicted/published) over the three rows.
-# Those rows stay in validate's held-out set, reported with this fit named; nothing else enters it.
-CP_RING_STEP_EFFICIENCY = 0.845
+# load-balanced q/kv halves of torch's context_parallel): their rate as a fraction of the causal kernel's curve read at
+# the half-chunk length. 1.0, from the kernels' published benchmarks, not fitted: a non-causal call has no masked
+# diagonal tiles and runs at least as fast as the causal kernel of the same length (Shah et al. 2024, FlashAttention-3,
+# Fig. 5: FA2 forward, head dim 128, non-causal >= causal at every length), so 1.0 on the half-length curve is a lower
+# bound. Until issue 30's fifth round this was 0.845, least squares on the three held-out torchtitan CP rows (8B, CP
+# 2/4/8 at 64K/128K/256K); fitted row by row they ask for 1.36 (CP 2) and 0.79 (CP 4 and 8), which no per-step kernel
+# property gives, and in those rows (and in torchtitan's Table 6) the sequence is 32K x CP, so their CP >= 4 excess
+# cannot be told from a long-sequence cost the unpublished TP alternatives would pay too (docs/cost_model.md §9, fifth
+# round). It is left as error on those rows (predicted / published 0.90, 1.17, 1.20), not put into a constant that
+# decides their ranks.
+CP_RING_STEP_EFFICIENCY = 1.0
 
 # Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at GPT-2 124M) and come with ~10 elementwise kernels per
 # matrix. Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon
@@ -454,8 +459,8 @@ def compute_breakdown(
     attn_rate = profile.attention_flops_at(setup.seq_len / layout.cp, setup.attention_kernel)
     attention = attn_fwd * (3.5 + (1.0 if attn_fwd_again else 0.0)) / (tp * attn_rate)
     if layout.cp > 1:
-        # The cp-1 off-diagonal ring steps run at CP_RING_STEP_EFFICIENCY of the kernel's rate at the length they
-        # see: load-balanced ring attention splits the sequence into 2·cp chunks and each off-diagonal step attends
+        # The cp-1 off-diagonal ring steps run at CP_RING_STEP_EFFICIENCY (1.0) of the kernel's rate at the length
+        # they see: load-balanced ring attention splits the sequence into 2·cp chunks and each off-diagonal step attends
         # a half chunk (T/(2cp) queries to T/cp keys, or T/cp queries to T/(2cp) keys), so short sequences split
         # far run at the short-length end of the kernel's curve (1K-token halves at T = 8K, cp = 4).
         half = profile.attention_flops_at(setup.seq_len / (2 * layout.cp), setup.attention_kernel) / attn_rate
