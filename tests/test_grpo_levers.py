@@ -80,6 +80,18 @@ def padded_batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor,
     return ids.masked_fill(mask == 0, 0), mask, cw
 
 
+def logps_and_grad(trainer: Any, model: Any, ids: torch.Tensor, mask: torch.Tensor, cw: int) -> tuple:
+    """(no-grad log-probs in chunks of 4, training-pass log-probs, entropies, the flat gradient of their masked sum)
+    under the trainer's current layout switches."""
+    with torch.no_grad():
+        nograd, _, _ = trainer._per_token_logps(model, ids, mask, cw, batch_size=4)
+    model.zero_grad(set_to_none=True)
+    lp, ent, _ = trainer._per_token_logps(model, ids, mask, cw, compute_entropy=True)
+    (lp * mask[:, -cw:]).sum().backward()
+    grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return nograd, lp.detach(), ent, grad
+
+
 def test_bucketed_logps_equal_plain_pass(model_dir: tuple[Path, Any], tmp_path: Path) -> None:
     trainer = make_trainer(model_dir, tmp_path, steps=1)
     ids, mask, cw = padded_batch(len(model_dir[1]))
@@ -87,13 +99,7 @@ def test_bucketed_logps_equal_plain_pass(model_dir: tuple[Path, Any], tmp_path: 
     results = {}
     for buckets in (False, True):
         trainer.length_buckets = buckets
-        with torch.no_grad():
-            nograd, _, _ = trainer._per_token_logps(model, ids, mask, cw, batch_size=4)
-        model.zero_grad(set_to_none=True)
-        lp, ent, _ = trainer._per_token_logps(model, ids, mask, cw, compute_entropy=True)
-        (lp * mask[:, -cw:]).sum().backward()
-        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-        results[buckets] = (nograd, lp.detach(), ent, grad)
+        results[buckets] = logps_and_grad(trainer, model, ids, mask, cw)
     (a0, b0, e0, g0), (a1, b1, e1, g1) = results[False], results[True]
     real = mask[:, -cw:].bool()
     assert real.sum() > 30 and (~real).sum() > 10  # the batch really has padding to trim
@@ -287,13 +293,7 @@ def test_right_aligned_pass_equals_masked_pass(model_dir: tuple[Path, Any], tmp_
     for aligned in (False, True):
         trainer.right_align = aligned
         trainer.right_aligned_chunks = 0
-        with torch.no_grad():
-            nograd, _, _ = trainer._per_token_logps(model, ids, mask, cw, batch_size=4)
-        model.zero_grad(set_to_none=True)
-        lp, ent, _ = trainer._per_token_logps(model, ids, mask, cw, compute_entropy=True)
-        (lp * mask[:, -cw:]).sum().backward()
-        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-        results[aligned] = (nograd, lp.detach(), ent, grad, trainer.right_aligned_chunks)
+        results[aligned] = (*logps_and_grad(trainer, model, ids, mask, cw), trainer.right_aligned_chunks)
     (a0, b0, e0, g0, n0), (a1, b1, e1, g1, n1) = results[False], results[True]
     real = mask[:, -cw:].bool()
     assert n0 == 0 and n1 >= 2

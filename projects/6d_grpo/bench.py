@@ -975,6 +975,10 @@ DEFAULT_VARIANTS = "naive,hf_static_compiled,hf_loop"
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def onoff(flag: str, default: str, help: str) -> None:
+        p.add_argument(flag, default=default, choices=("on", "off"), help=help)
+
     p.add_argument("--part", default="throughput,ops,check", help=f"comma-separated of {PARTS}, or all")
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help="naive,hf_static,hf_static_compiled,hf_loop,vllm")
     p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3, help="vllm row (TRL colocate default)")
@@ -985,7 +989,10 @@ def main() -> None:
     p.add_argument("--logprobs", action="store_true", help="engines also return behaviour log-probs (GRPO needs them)")
     p.add_argument("--steps", type=int, default=4, help="GRPO steps for --part step (the first is warm-up)")
     p.add_argument(
-        "--micro-batch-size", type=int, default=32, help="rows per micro-batch (32: measured fastest on one H200, issue 31)"
+        "--micro-batch-size",
+        type=int,
+        default=32,
+        help="rows per micro-batch (32: measured fastest on one H200, issue 31)",
     )
     p.add_argument("--step-decode", default="loop", choices=("loop", "generate"), help="HF engine decode, --part step")
     p.add_argument(
@@ -1000,46 +1007,39 @@ def main() -> None:
         choices=("phase6", "stock"),
         help="--part step: phase6 (EngineGRPOTrainer + our engine) | stock (TRL's GRPOTrainer with HF generate)",
     )
-    p.add_argument("--gradient-checkpointing", default="off", choices=("on", "off"), help="--part step, phase6 trainer")
+    onoff("--gradient-checkpointing", "off", "--part step, phase6 trainer")
     p.add_argument(
         "--mismatch-every",
         type=int,
         default=10,
         help="--part step: current-policy forward for the lag-0 mismatch metric every N steps (1 = every step)",
     )
-    p.add_argument("--length-buckets", default="on", choices=("on", "off"), help="--part step: sorted, trimmed batches")
-    p.add_argument(
+    onoff("--length-buckets", "on", "--part step: sorted, trimmed batches")
+    onoff(
         "--shared-prompt",
-        default="off",
-        choices=("on", "off"),
-        help="--part step: each distinct prompt once per log-prob pass, its KV cache shared by its completions",
+        "off",
+        "--part step: each distinct prompt once per log-prob pass, its KV cache shared by its completions",
     )
-    p.add_argument(
-        "--liger", default="on", choices=("on", "off"), help="--part step: Liger RMSNorm + SwiGLU on policy and ref"
-    )
-    p.add_argument(
+    onoff("--liger", "on", "--part step: Liger RMSNorm + SwiGLU on policy and ref")
+    onoff(
         "--right-align",
-        default="on",
-        choices=("on", "off"),
-        help="--part step, with length buckets: rows shifted to right padding, log-prob passes without a mask",
+        "on",
+        "--part step, with length buckets: rows shifted to right padding, log-prob passes without a mask",
     )
-    p.add_argument(
+    onoff(
         "--liger-engine",
-        default="on",
-        choices=("on", "off"),
-        help="--part step, with --liger on: the same kernels in the HF engine's model (prefill + decode CUDA graphs)",
+        "on",
+        "--part step, with --liger on: the same kernels in the HF engine's model (prefill + decode CUDA graphs)",
     )
-    p.add_argument(
+    onoff(
         "--fused-sampling",
-        default="on",
-        choices=("on", "off"),
-        help="--part step, HF engine: Triton sampling + log-prob in one pass over the logits (checked first)",
+        "on",
+        "--part step, HF engine: Triton sampling + log-prob in one pass over the logits (checked first)",
     )
-    p.add_argument(
+    onoff(
         "--vllm-logprobs",
-        default="on",
-        choices=("on", "off"),
-        help="--part step --step-engine vllm: off = no engine log-probs, the trainer's forward is the anchor",
+        "on",
+        "--part step --step-engine vllm: off = no engine log-probs, the trainer's forward is the anchor",
     )
     p.add_argument("--out", default=None, help="write every table as JSON here")
     p.add_argument("--cpu-check", action="store_true", help="2-layer model, tiny shape, on CPU: checks the script only")
