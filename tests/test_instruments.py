@@ -143,6 +143,20 @@ def test_timed_region_synchronizes_cuda_at_both_ends(monkeypatch: pytest.MonkeyP
     assert events == ["work"]  # a CPU device and the plain wall clock never synchronize
 
 
+def test_kernel_ms_is_the_median_after_warmup() -> None:
+    """On a CPU device: ``warmup`` untimed calls, then the median of ``reps`` timed ones, in milliseconds (one slow
+    call among five does not move the median; the sleep's lower bound holds on any machine)."""
+    calls: list[int] = []
+
+    def fn() -> None:
+        calls.append(1)
+        time.sleep(1.0 if len(calls) == 4 else 0.01)  # the first timed call is the slow one
+
+    ms = timing.kernel_ms(fn, reps=5, warmup=3, device="cpu")
+    assert len(calls) == 8
+    assert 10.0 <= ms < 1000.0
+
+
 def test_sync_without_cuda_is_a_no_op() -> None:
     import torch
 

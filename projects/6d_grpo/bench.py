@@ -507,18 +507,7 @@ def measure_ceilings() -> dict[str, Any]:
     if DEVICE != "cuda":
         return {"matmul_tflops": None, "copy_tb_per_s": None, "note": "no CUDA device: no bounds"}
 
-    def median_ms(fn: Any, reps: int = 20) -> float:
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        return sorted(times)[len(times) // 2]
+    from phase6.timing import kernel_ms as median_ms
 
     n = 8192
 
@@ -636,18 +625,7 @@ def sampler_parity(vocab: int | None = None, rows: int = 512, draws: int = 65536
         torch.cat([sample_tokens(row.expand(draws // 16, vocab), params, step, eos, False)[0] for _ in range(16)])
     )
 
-    def ms(fn: Any) -> float:
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(20):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        return sorted(times)[len(times) // 2]
+    from phase6.timing import kernel_ms as ms
 
     out = {
         "logp_max_abs_err": lp_err,

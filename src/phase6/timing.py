@@ -70,3 +70,29 @@ def timed(device: Any = None) -> Iterator[Span]:
     if device is not None:
         sync(device)
     span.end = wall()
+
+
+def kernel_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3, device: Any = "cuda") -> float:
+    """Median milliseconds of ``fn()`` over ``reps`` calls after ``warmup`` untimed ones: a kernel microbenchmark
+    (a matmul or copy ceiling, one sampler call), the one place phase6 times with CUDA events: the work is a single
+    stream's kernels, with no host work to account for, and events resolve it without a sync per boundary. On a CPU
+    device (or without CUDA) each call is a ``timed()`` interval instead."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+    else:
+        for _ in range(reps):
+            with timed() as t:
+                fn()
+            times.append(t.s * 1e3)
+    return sorted(times)[len(times) // 2]
