@@ -26,31 +26,18 @@ import sys
 from typing import Any
 
 from phase6.plan.memory import ParallelLayout, TrainSetup
+from phase6.plan.practice import terms as practice_terms
 from phase6.plan.profile import build_profile
 from phase6.plan.recommend import TIE_TOLERANCE, layouts, order_layouts
 from phase6.plan.train import StepPrediction, predict_train_step
-from phase6.plan.validate import Case, case_hardware, case_model, load_cases
-
-OVERHEAD_GIB = 1.5  # validate.run_case's runtime overhead
+from phase6.plan.validate import RUNTIME_OVERHEAD_GIB, Case, case_hardware, case_model, load_cases
 
 
 def terms(q: StepPrediction) -> dict[str, float]:
-    """Step-time terms (seconds) of one prediction; they sum to its step time."""
-    b = q.breakdown
-    out = {
-        "gemm": b.gemm_s,
-        "attention": b.attention_s,
-        "memory-bound kernels": b.elementwise_s,
-        "loss": b.loss_s,
-        "cp merges": b.cp_merge_s,
-        "tp layout copies": b.tp_copy_s,
-        "fp32 main grads": b.main_grad_s,
-        "optimizer": q.optimizer_s,
-        "bubble": q.bubble_s,
-        "overlap slowdown": q.overlap_s,
-    }
-    for c in q.comm:
-        out[f"{c.dim} exposed"] = out.get(f"{c.dim} exposed", 0.0) + c.exposed_s
+    """The planner's own step-time terms (``phase6.plan.practice.terms``, they sum to the step time), with attention
+    under one key whether it runs as ring attention (CP) or not, so a CP layout and a TP one compare term by term."""
+    out = practice_terms(q)
+    out["attention"] = out.get("attention", 0.0) + out.pop("ring attention (CP)", 0.0)
     return out
 
 
@@ -65,7 +52,7 @@ def ranked(case: Case, hw_over: dict[str, Any] | None = None, tp_scale: float = 
     pub_lay = ParallelLayout(**{k: int(v) for k, v in case.layout.items()})
 
     def pred(lay: ParallelLayout) -> StepPrediction:
-        q = predict_train_step(spec, lay, setup, profile, overhead_gib=OVERHEAD_GIB)
+        q = predict_train_step(spec, lay, setup, profile, overhead_gib=RUNTIME_OVERHEAD_GIB)
         for c in q.comm:
             if c.dim == "tp" and tp_scale != 1.0:
                 c.time_s *= tp_scale

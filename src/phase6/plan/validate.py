@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from phase6.config import HardwareConfig
+from phase6.config.plan import EfficiencyConfig
 from phase6.plan.memory import ParallelLayout, TrainSetup
 from phase6.plan.model import ModelSpec, load_preset
 from phase6.plan.profile import build_profile
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CASES_PATH = Path(__file__).with_name("published_runs.yaml")
 HARDWARE_DIR = ROOT / "configs" / "hardware"
 SETUP_FIELDS = {f.name for f in fields(TrainSetup)}
+RUNTIME_OVERHEAD_GIB = EfficiencyConfig().runtime_overhead_gib  # the planner's default, as `phase6 plan` uses it
 
 
 @dataclass
@@ -194,16 +196,15 @@ def run_case(case: Case) -> CaseResult:
     lay = ParallelLayout(**{k: int(v) for k, v in case.layout.items()})
     if lay.gpus != case.gpus:
         raise ValueError(f"{case.id}: layout {lay} is {lay.gpus} GPUs, not {case.gpus}")
-    overhead = 1.5  # GiB, the planner's default runtime_overhead_gib
     pub = case.published
     if "tokens_per_s_per_gpu" in pub:
         published_tps = float(pub["tokens_per_s_per_gpu"])
     else:  # Megatron reports model TFLOP/s per GPU with the same 6N + 12LHQT count (no recompute)
         published_tps = float(pub["tflops_per_gpu"]) * 1e12 / spec.flops_per_token(setup.seq_len)
-    pred = predict_train_step(spec, lay, setup, profile, overhead_gib=overhead)
+    pred = predict_train_step(spec, lay, setup, profile, overhead_gib=RUNTIME_OVERHEAD_GIB)
     preds: list[StepPrediction] = []
     for cand in layouts(spec, case.gpus, "train", {}, setup.seq_len, profile.gpus_per_node):
-        q = pred if cand == lay else predict_train_step(spec, cand, setup, profile, overhead_gib=overhead)
+        q = pred if cand == lay else predict_train_step(spec, cand, setup, profile, overhead_gib=RUNTIME_OVERHEAD_GIB)
         if q.fits:
             preds.append(q)
     if pred not in preds:  # rank it anyway (it ran, so it fits in reality; say so in the row)
