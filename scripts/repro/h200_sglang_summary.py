@@ -80,24 +80,12 @@ def bench_rows(root: Path) -> list[str]:
     return out
 
 
-def prom_sums(path: Path) -> dict[str, float]:
-    """``name -> value`` summed over label sets, for the ``_sum``/``_count`` series of a /metrics text."""
-    out: dict[str, float] = {}
-    for ln in path.read_text().splitlines():
-        if not ln or ln.startswith("#"):
-            continue
-        name, _, value = ln.rpartition(" ")
-        name = name.split("{")[0]
-        if name.endswith(("_sum", "_count")):
-            try:
-                out[name] = out.get(name, 0.0) + float(value)
-            except ValueError:
-                continue
-    return out
-
-
 def server_ttft(root: Path) -> list[str]:
     """SGLang's own TTFT histogram over each run (after - before): the server's share of the TTFT a client reads."""
+    try:
+        from phase6.serving.telemetry import parse_exposition
+    except ImportError as e:
+        return [f"server TTFT: phase6 not importable ({e})"]
     pairs = [(f.parent.name, f.with_name("metrics_before.prom"), f) for f in sorted(root.rglob("metrics_after.prom"))]
     pairs += [
         (f.name.removesuffix(".after.prom"), f.with_name(f.name.replace(".after.", ".before.")), f)
@@ -108,7 +96,7 @@ def server_ttft(root: Path) -> list[str]:
         if not before.is_file():
             out.append(f"| {name} | missing: no before-scrape |")
             continue
-        a, b = prom_sums(after), prom_sums(before)
+        a, b = parse_exposition(after.read_text()), parse_exposition(before.read_text())
         k = "sglang:time_to_first_token_seconds"
         n = a.get(k + "_count", 0.0) - b.get(k + "_count", 0.0)
         q = "sglang:queue_time_seconds"
