@@ -89,7 +89,7 @@ for p in $PARTS; do
     buckets_off) part h200_grpo_step_after_buckets_off 65 110 "$REPO" --steps ${ABL_STEPS:-2} --length-buckets off ;;
     mismatch_every_1) part h200_grpo_step_after_mismatch_every_1 65 110 "$REPO" --steps ${ABL_STEPS:-2} --mismatch-every 1 ;;
     # the second round's call 1 ran the 16-row defaults as `after` and 32 rows as this part (then not the default)
-    micro_batch_16) part h200_grpo_step_after_micro_batch_16 65 125 "$REPO" --steps 2 --micro-batch-size 16 ;;
+    micro_batch_16) part h200_grpo_step_after_micro_batch_16 65 125 "$REPO" --steps ${ABL_STEPS:-2} --micro-batch-size 16 ;;
     micro_batch_32) part h200_grpo_step_after_micro_batch_32 65 125 "$REPO" --steps ${MB32_STEPS:-2} --micro-batch-size 32 ;;
     *) echo "unknown part $p" | tee -a "$WORK/parts.txt" ;;
     esac
