@@ -23,8 +23,8 @@ CHILD = textwrap.dedent(
     from torch.distributed.fsdp import FSDPModule, fully_shard
     from phase6.dist import init_distributed, teardown
 
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)  # no port to race for
     info = init_distributed("cpu")
 
     def run():
@@ -48,16 +48,11 @@ CHILD = textwrap.dedent(
 
 
 def test_teardown_frees_fsdp2_cycles_before_the_group_goes(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = {"PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run(
-        [sys.executable, str(script), str(port)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), str(tmp_path / "store")], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after, initialized = proc.stdout.split()[-3:]
