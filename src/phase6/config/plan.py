@@ -105,8 +105,10 @@ class PlanConfig:
     """Training sequence length T."""
     global_batch_tokens: int = 4_194_304
     """Tokens per optimizer step (4M: Llama-3 8B/70B pretraining started at 4M, arXiv 2407.21783 §3.4)."""
-    micro_batch_size: int = 1
-    """Sequences per micro-batch per data-parallel replica."""
+    micro_batch_size: int | None = None
+    """Sequences per micro-batch per data-parallel replica; None = searched per layout: every power of two that
+    divides the replica's sequences per step (and that whole share, one micro-batch), the fastest that fits wins.
+    Under ZeRO-3 each micro-batch gathers the parameters again, so the micro-batch decides that traffic."""
     zero: int | None = None
     """ZeRO stage 0-3 (3 = FSDP); None = enumerate 0, 1, 2, 3."""
     activation_checkpointing: str = "auto"
@@ -191,7 +193,10 @@ class PlanConfig:
             f"must be >= 1 or null, got {self.context_len}",
         )
         for k in ("seq_len", "global_batch_tokens", "micro_batch_size", "virtual_stages", "prompt_len"):
-            require(getattr(self, k) >= 1, f"plan.{k}", f"must be >= 1, got {getattr(self, k)}")
+            v = getattr(self, k)
+            if v is None and k == "micro_batch_size":
+                continue  # searched per layout
+            require(v >= 1, f"plan.{k}", f"must be >= 1, got {v}")
         require(
             self.global_batch_tokens >= self.seq_len,
             "plan.global_batch_tokens",

@@ -202,7 +202,8 @@ def explain(
         s = p.setup
         lines += [
             f"micro-batches m = global {s.global_batch_tokens:,} tok / ({T} * dp {p.layout.dp} * mb {s.micro_batch_size})"
-            f" = {p.num_microbatches}",
+            f" = {p.num_microbatches}"
+            + (" (micro-batch searched: the fastest that fits)" if cfg.plan.micro_batch_size is None else ""),
             f"  note: plan.micro_batch_size = sequences per micro-batch per data-parallel replica (what torchtitan calls "
             f"local_batch_size / pp microbatches, Megatron --micro-batch-size); torchtitan's 'local batch' is per "
             f"replica per step = micro_batch_size x m = {s.micro_batch_size * p.num_microbatches}",
@@ -355,6 +356,11 @@ def print_table(result: dict[str, Any], rec: Recommendation) -> None:
             "ep": c.layout.ep,
             "cp": c.layout.cp,
             **({"schedule": c.extra["pp_schedule"]} if "pp_schedule" in c.extra else {}),
+            **(
+                {"mb x m": f"{c.extra['micro_batch_size']} x {c.extra['num_microbatches']}"}
+                if "micro_batch_size" in c.extra
+                else {}
+            ),
             "GiB/GPU": f"{c.memory_gib_per_gpu:.1f}",
             key: f"{c.time_value:.4g}",
             "tok/s": f"{c.extra.get('tokens_per_s', 0):,.0f}",

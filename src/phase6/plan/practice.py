@@ -24,7 +24,7 @@ from phase6.config.plan import PlanConfig
 from phase6.plan.memory import GIB, ParallelLayout, TrainSetup, memory_calibration
 from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile
-from phase6.plan.recommend import TIE_TOLERANCE, tp_ok, train_setup
+from phase6.plan.recommend import TIE_TOLERANCE, micro_batches, tp_ok, train_setup
 from phase6.plan.train import StepPrediction, predict_train_step
 
 MEASURED, FITTED, DATASHEET = "measured on a GPU", "fitted on published runs", "datasheet only"
@@ -127,12 +127,23 @@ def terms(p: StepPrediction) -> dict[str, float]:
     return out
 
 
-def _setup(plan: PlanConfig, ac: str, pp: int, model: ModelSpec, lay: ParallelLayout) -> TrainSetup:
+def _setup(plan: PlanConfig, ac: str, pp: int, model: ModelSpec, lay: ParallelLayout, mb: int) -> TrainSetup:
     seqs = plan.global_batch_tokens / plan.seq_len
-    m = max(1, -(-int(seqs) // (lay.dp * plan.micro_batch_size)))
+    m = max(1, -(-int(seqs) // (lay.dp * mb)))
     interleave = pp > 1 and model.num_layers >= 2 * pp and m % pp == 0
     zero = 0 if plan.optimizer == "muon" else (plan.zero if plan.zero is not None else 3)
-    return train_setup(plan, zero, ac, "interleaved" if interleave else "1f1b", 2)
+    return train_setup(plan, zero, ac, "interleaved" if interleave else "1f1b", 2, mb)
+
+
+def practice_micro_batches(plan: PlanConfig, lay: ParallelLayout) -> list[int]:
+    """The practice micro-batches to try, largest first: the plan's when set; searched, the replica's whole share in
+    one micro-batch down to one sequence (torchtitan runs its local batch as one micro-batch and accumulates only when
+    memory demands it), keeping at least PP micro-batches under a pipeline (torchtitan's n_microbatches = PP)."""
+    sizes = micro_batches(plan, lay)
+    if plan.micro_batch_size is None and lay.pp > 1:
+        seqs = plan.global_batch_tokens // plan.seq_len
+        sizes = [b for b in sizes if seqs // (lay.dp * b) >= lay.pp] or [1]
+    return sorted(sizes, reverse=True)
 
 
 def practice_ac(model: ModelSpec) -> list[str]:
@@ -165,11 +176,11 @@ def practice_layout(
                 if gpus % (tp * pp * cp) or (cp > 1 and plan.seq_len % (2 * cp)):
                     continue
                 lay = ParallelLayout(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
-                for ac in practice_ac(model):
+                for ac, mb in ((a, b) for a in practice_ac(model) for b in practice_micro_batches(plan, lay)):
                     p = predict_train_step(
                         model,
                         lay,
-                        _setup(plan, ac, pp, model, lay),
+                        _setup(plan, ac, pp, model, lay, mb),
                         profile,
                         plan.efficiency.mfu,
                         plan.efficiency.runtime_overhead_gib,
@@ -187,6 +198,12 @@ def practice_layout(
                             f"PP {pp}{' across nodes, ' + p.setup.pp_schedule if pp > 1 else ''}, CP {cp}"
                             f"{' (the sequence demands it: nothing without CP fits)' if cp > 1 else ''}, "
                             f"DP {lay.dp} outermost"
+                            + (
+                                f", micro-batch {mb} x {p.num_microbatches} (the replica's batch in as few "
+                                "micro-batches as fit)"
+                                if plan.micro_batch_size is None
+                                else ""
+                            )
                         )
                         return p, why
     return None, "nothing in the practice ladder fits" + (

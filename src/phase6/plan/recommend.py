@@ -151,16 +151,31 @@ SEARCHED_SCHEDULES: tuple[tuple[str, int], ...] = (
 )
 
 
-def schedules(model: ModelSpec, lay: ParallelLayout, plan: PlanConfig) -> list[tuple[str, int]]:
+def micro_batches(plan: PlanConfig, lay: ParallelLayout) -> list[int]:
+    """Micro-batch sizes to try for ``lay`` (ascending): ``plan.micro_batch_size`` when set; when None every power
+    of two that divides the replica's sequences per step, and that whole share (one micro-batch per step). A share
+    that is not a whole number of sequences keeps one sequence per micro-batch."""
+    if plan.micro_batch_size is not None:
+        return [plan.micro_batch_size]
+    seqs = plan.global_batch_tokens // plan.seq_len
+    if seqs % lay.dp:
+        return [1]
+    share = seqs // lay.dp
+    return sorted({b for b in (2**i for i in range(share.bit_length())) if share % b == 0} | {share})
+
+
+def schedules(model: ModelSpec, lay: ParallelLayout, plan: PlanConfig, mb: int | None = None) -> list[tuple[str, int]]:
     """(schedule, virtual stages) to try for ``lay``: the configured one, or with ``auto`` every searched schedule
     that is legal here: interleaving needs at least one layer per model chunk (layers >= pp * v) and a micro-batch
-    count that is a multiple of pp (Megatron's condition), computed for ``plan``'s batch."""
+    count that is a multiple of pp (Megatron's condition), computed for ``plan``'s batch at micro-batch ``mb``
+    (default: ``plan.micro_batch_size``, or 1 when that is searched)."""
     if lay.pp == 1:
         return [("1f1b", 1)]
     if plan.pp_schedule != "auto":
         return [(plan.pp_schedule, plan.virtual_stages)]
+    mb = mb or plan.micro_batch_size or 1
     seqs = plan.global_batch_tokens / plan.seq_len
-    m = max(1, -(-int(seqs) // (lay.dp * plan.micro_batch_size)))
+    m = max(1, -(-int(seqs) // (lay.dp * mb)))
     out = []
     for name, v in SEARCHED_SCHEDULES:
         if name == "interleaved" and (model.num_layers < lay.pp * v or m % lay.pp):
@@ -176,14 +191,19 @@ def schedule_label(setup: TrainSetup, pp: int) -> str:
     return f"interleaved v={setup.virtual_stages}" if setup.pp_schedule == "interleaved" else setup.pp_schedule
 
 
-def train_setup(plan: PlanConfig, zero: int, ac: str, pp_schedule: str, virtual_stages: int) -> TrainSetup:
+def train_setup(
+    plan: PlanConfig, zero: int, ac: str, pp_schedule: str, virtual_stages: int, mb: int | None = None
+) -> TrainSetup:
     """One candidate's TrainSetup: the plan's batch, precision and framework setup with this ZeRO stage,
-    recompute (``none`` / ``selective`` / ``full``) and pipeline schedule (practice.py builds the practice layout's
-    through it too)."""
+    recompute (``none`` / ``selective`` / ``full``), pipeline schedule and micro-batch ``mb`` (default: the plan's;
+    practice.py builds the practice layout's through it too)."""
+    mb = mb if mb is not None else plan.micro_batch_size
+    if mb is None:
+        raise ValueError("train_setup: plan.micro_batch_size is searched (None): pass the candidate's mb")
     return TrainSetup(
         seq_len=plan.seq_len,
         global_batch_tokens=plan.global_batch_tokens,
-        micro_batch_size=plan.micro_batch_size,
+        micro_batch_size=mb,
         zero=zero,
         activation_checkpointing=ac == "full",
         selective_ac=ac == "selective",
@@ -212,9 +232,10 @@ def train_candidates(
         "auto": ["none", "selective", "full"],
     }[plan.activation_checkpointing]
     out = []
-    for zero, ac, (sched, v) in itertools.product(zeros, acs, schedules(model, lay, plan)):
-        setup = train_setup(plan, zero, ac, sched, v if sched == "interleaved" else plan.virtual_stages)
-        out.append(predict_train_step(model, lay, setup, profile, mfu, plan.efficiency.runtime_overhead_gib))
+    for mb in micro_batches(plan, lay):
+        for zero, ac, (sched, v) in itertools.product(zeros, acs, schedules(model, lay, plan, mb)):
+            setup = train_setup(plan, zero, ac, sched, v if sched == "interleaved" else plan.virtual_stages, mb)
+            out.append(predict_train_step(model, lay, setup, profile, mfu, plan.efficiency.runtime_overhead_gib))
     return out
 
 
@@ -246,6 +267,7 @@ def recommend_train(model: ModelSpec, gpus: int, plan: PlanConfig, profile: Hard
                 "zero": best.setup.zero,
                 "activation_checkpointing": best.setup.ac_mode,
                 "pp_schedule": schedule_label(best.setup, lay.pp),
+                "micro_batch_size": best.setup.micro_batch_size,
                 "num_microbatches": best.num_microbatches,
             },
             best,
