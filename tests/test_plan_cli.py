@@ -52,6 +52,7 @@ def test_train_explain_says_why_and_what_micro_batch_means(tmp_path: Path) -> No
     out = r.stdout
     assert "why this layout:" in out and "within 5% of the" in out and "fewer model-parallel dimensions" in out
     assert "plan.micro_batch_size = sequences per micro-batch per data-parallel replica" in out and "local_batch" in out
+    assert "(micro-batch searched: the fastest that fits)" in out
     assert "GEMM" in out and "6 us per GEMM call" in out and "attention 4*L*H*Q*T/2 (causal fwd) x 3.5" in out
 
 
@@ -85,6 +86,7 @@ def test_hf_config_json_and_profile(tmp_path: Path) -> None:
         (["workload=train", "plan.seq_len=4096", "plan.global_batch_tokens=1000"], "less than one sequence"),
         (["model=gpt2", "workload=serve", "plan.context_len=4096"], "exceeds gpt2's max_position_embeddings 1024"),
         (["model=gpt2", "workload=train", "plan.seq_len=2048"], "plan.seq_len: 2048 exceeds"),
+        (["workload=train", "plan.micro_batch_size=0"], "plan.micro_batch_size: must be >= 1, got 0"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path: Path, args: list[str], key: str) -> None:
