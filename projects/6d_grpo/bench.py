@@ -64,6 +64,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -641,6 +642,25 @@ def sampler_parity(vocab: int | None = None, rows: int = 512, draws: int = 65536
     return out  # the caller frees the cached blocks (free_memory)
 
 
+def lever_check(
+    check: Callable[..., dict[str, Any]], lever: str, flag: str, extras: dict[str, Any], *args: Any
+) -> bool:
+    """Run a lever's parity check (``liger_parity``, ``sampler_parity``) before the run; its result goes into
+    ``extras[<its name>]`` and is printed. True when it passes; an exception counts as a failure (any failure of the
+    optional kernels turns the lever off)."""
+    name = check.__name__
+    try:
+        extras[name] = check(*args)
+    except Exception as e:  # noqa: BLE001 - a failed optional kernel turns the lever off, never costs the row
+        extras[name] = {"pass": False, "error": f"{type(e).__name__}: {e}"}
+    free_memory()
+    print(json.dumps({name: extras[name]}), flush=True)
+    if extras[name]["pass"]:
+        return True
+    print(f"{lever}: parity check failed or errored; this run continues with {flag} off", flush=True)
+    return False
+
+
 def lever_parity(trainer: Any) -> dict[str, Any]:
     """The layout levers on this device, in its dtype: the last step's first micro-batch scored by the policy with
     the plain padded pass, with trimmed padding (length buckets, masked), right-aligned (no mask: causal flash) and
@@ -701,30 +721,15 @@ def bench_step(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dic
     extras: dict[str, Any] = {"ceilings": measure_ceilings()}
     print(json.dumps({"ceilings": extras["ceilings"]}), flush=True)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    liger = args.liger == "on" and not stock
-    if liger:
-        # the lever runs only if it imports, patches and keeps the numerics here; otherwise the run goes on without
-        # it and says why (a failed lever must not cost the whole row)
-        try:
-            extras["liger_parity"] = liger_parity(dtype)
-        except Exception as e:  # noqa: BLE001 - any failure of the optional kernels turns the lever off
-            extras["liger_parity"] = {"pass": False, "error": f"{type(e).__name__}: {e}"}
-            free_memory()
-        print(json.dumps({"liger_parity": extras["liger_parity"]}), flush=True)
-        if not extras["liger_parity"]["pass"]:
-            liger = False
-            print("liger: parity check failed or errored; this run continues with --liger off", flush=True)
-    fused_sampling = args.fused_sampling == "on" and not stock and args.step_engine == "hf"
-    if fused_sampling:
-        try:
-            extras["sampler_parity"] = sampler_parity()
-        except Exception as e:  # noqa: BLE001 - a failed optional kernel turns the lever off, never costs the row
-            extras["sampler_parity"] = {"pass": False, "error": f"{type(e).__name__}: {e}"}
-        free_memory()
-        print(json.dumps({"sampler_parity": extras["sampler_parity"]}), flush=True)
-        if not extras["sampler_parity"]["pass"]:
-            fused_sampling = False
-            print("fused sampling: parity check failed or errored; this run continues with --fused-sampling off")
+    # a lever with its own kernels runs only if it imports and keeps the numerics on this device (checked first);
+    # otherwise the run goes on without it and says why (a failed optional lever must not cost the whole row)
+    liger = args.liger == "on" and not stock and lever_check(liger_parity, "liger", "--liger", extras, dtype)
+    fused_sampling = (
+        args.fused_sampling == "on"
+        and not stock
+        and args.step_engine == "hf"
+        and lever_check(sampler_parity, "fused sampling", "--fused-sampling", extras)
+    )
     # A word-level tokenizer over Qwen's id space ("t<id>"), ChatML specials at Qwen's ids: text round-trips to the
     # same ids, so prompts and completions have the real shapes without the Qwen tokenizer files.
     specials = {"<|endoftext|>": PAD, "<|im_start|>": 151644, "<|im_end|>": EOS}
