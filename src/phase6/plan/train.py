@@ -341,25 +341,18 @@ def cp_merge_bytes(model: ModelSpec, cp: int, tp: int, fwd_passes: int, setup: T
     return (fwd + bwd) / tp
 
 
-def tp_collective_ops(setup: TrainSetup) -> tuple[int, int]:
-    """(sequence-parallel all-gathers + reduce-scatters per block and micro-batch, those a decomposed overlap fuses).
-
-    Forward: an all-gather before attention and before the MLP, a reduce-scatter after each (4); the backward mirrors
-    them (4); full AC reruns the forward's 4. Selective op-level AC (torchtitan's policy) saves every other matmul
-    output and the reduce-scatters' outputs, not the all-gathers' (torchtitan parallelize_llama ``_save_list``): the
-    recompute reruns the 2 all-gathers that feed the recomputed matmuls. An all-gather + reduce-scatter pair moves an
-    all-reduce's bytes. With ``tp_comm_overlap`` the forward and recompute collectives are fused with their GEMMs,
-    the backward's only with ``tp_overlap_backward``.
-    """
-    ag, rs, ag_cov, rs_cov = tp_collective_counts(setup)
-    return ag + rs, ag_cov + rs_cov
-
-
 def tp_collective_counts(setup: TrainSetup) -> tuple[int, int, int, int]:
-    """(all-gathers, reduce-scatters, all-gathers fused with a GEMM, reduce-scatters fused) per block and micro-batch
-    (``tp_collective_ops``): each forward pass 2 + 2, the backward 2 + 2 (the all-gather of the gradient of each
-    forward reduce-scatter, the reduce-scatter of the gradient of each forward all-gather), selective AC 2 more
-    all-gathers."""
+    """(all-gathers, reduce-scatters, all-gathers fused with a GEMM, reduce-scatters fused) of sequence parallelism
+    per block and micro-batch.
+
+    Forward: an all-gather before attention and before the MLP, a reduce-scatter after each (2 + 2); the backward
+    mirrors them (2 + 2: the all-gather of the gradient of each forward reduce-scatter, the reduce-scatter of the
+    gradient of each forward all-gather); full AC reruns the forward's 2 + 2. Selective op-level AC (torchtitan's
+    policy) saves every other matmul output and the reduce-scatters' outputs, not the all-gathers' (torchtitan
+    parallelize_llama ``_save_list``): the recompute reruns the 2 all-gathers that feed the recomputed matmuls. An
+    all-gather + reduce-scatter pair moves an all-reduce's bytes. With ``tp_comm_overlap`` the forward and recompute
+    collectives are fused with their GEMMs, the backward's only with ``tp_overlap_backward``.
+    """
     fwd_passes = 2 if setup.activation_checkpointing else 1
     sac = 1 if (setup.selective_ac and not setup.activation_checkpointing) else 0
     ag, rs = 2 * fwd_passes + 2 + 2 * sac, 2 * fwd_passes + 2
@@ -577,9 +570,8 @@ def predict_train_step(
 
     if tp > 1:  # 2 all-reduces per block forward + 2 backward (Megatron; with SP: AG + RS of the same volume)
         f = _group_fabric(profile, 1, tp)
-        ops, _ = tp_collective_ops(setup)
         n_ag, n_rs, ag_cov, rs_cov = tp_collective_counts(setup)
-        n = layers * m * ops // 2  # all-reduce equivalents (an all-gather + reduce-scatter pair)
+        n = layers * m * (n_ag + n_rs) // 2  # all-reduce equivalents (an all-gather + reduce-scatter pair)
         t, algo = comm.all_reduce_time(act_bytes, tp, f)
         op = f"all-reduce ({algo})"
         t_ag = t_rs = t / 2
@@ -610,7 +602,7 @@ def predict_train_step(
             exposed = total
             note = (
                 f"2/block fwd + 2 bwd{' + 2 recompute' if fwd_passes == 2 else ''}"
-                f"{' + 1 (selective AC reruns the all-gathers)' if ops % 4 else ''}, not overlapped"
+                f"{' + 1 (selective AC reruns the all-gathers)' if (n_ag + n_rs) % 4 else ''}, not overlapped"
             )
         pred.comm.append(
             CommTerm(
