@@ -148,9 +148,14 @@ class TrainSetup:
         return "full" if self.activation_checkpointing else ("selective" if self.selective_ac else "none")
 
     def num_microbatches(self, layout: ParallelLayout) -> int:
-        """m = sequences per step / (dp * micro_batch_size); CP ranks share a sequence, TP/PP ranks share a micro-batch."""
-        seqs = self.global_batch_tokens / self.seq_len
-        return max(1, math.ceil(seqs / (layout.dp * self.micro_batch_size)))
+        return microbatch_count(self.global_batch_tokens, self.seq_len, layout.dp, self.micro_batch_size)
+
+
+def microbatch_count(global_batch_tokens: int, seq_len: int, dp: int, micro_batch_size: int) -> int:
+    """m = sequences per step / (dp * micro_batch_size), rounded up; CP ranks share a sequence, TP/PP ranks share a
+    micro-batch (``TrainSetup.num_microbatches``, and the recommender's schedule and practice checks before a setup
+    exists)."""
+    return max(1, math.ceil(global_batch_tokens / seq_len / (dp * micro_batch_size)))
 
 
 def zero_state_bytes(

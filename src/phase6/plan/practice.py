@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phase6.config.plan import PlanConfig
-from phase6.plan.memory import GIB, ParallelLayout, TrainSetup, memory_calibration
+from phase6.plan.memory import GIB, ParallelLayout, TrainSetup, memory_calibration, microbatch_count
 from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile
 from phase6.plan.recommend import TIE_TOLERANCE, micro_batches, tp_ok, train_setup
@@ -128,8 +128,7 @@ def terms(p: StepPrediction) -> dict[str, float]:
 
 
 def _setup(plan: PlanConfig, ac: str, pp: int, model: ModelSpec, lay: ParallelLayout, mb: int) -> TrainSetup:
-    seqs = plan.global_batch_tokens / plan.seq_len
-    m = max(1, -(-int(seqs) // (lay.dp * mb)))
+    m = microbatch_count(plan.global_batch_tokens, plan.seq_len, lay.dp, mb)
     interleave = pp > 1 and model.num_layers >= 2 * pp and m % pp == 0
     zero = 0 if plan.optimizer == "muon" else (plan.zero if plan.zero is not None else 3)
     return train_setup(plan, zero, ac, "interleaved" if interleave else "1f1b", 2, mb)
@@ -141,8 +140,8 @@ def practice_micro_batches(plan: PlanConfig, lay: ParallelLayout) -> list[int]:
     memory demands it), keeping at least PP micro-batches under a pipeline (torchtitan's n_microbatches = PP)."""
     sizes = micro_batches(plan, lay)
     if plan.micro_batch_size is None and lay.pp > 1:
-        seqs = plan.global_batch_tokens // plan.seq_len
-        sizes = [b for b in sizes if seqs // (lay.dp * b) >= lay.pp] or [1]
+        sizes = [b for b in sizes if microbatch_count(plan.global_batch_tokens, plan.seq_len, lay.dp, b) >= lay.pp]
+        sizes = sizes or [1]
     return sorted(sizes, reverse=True)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phase6.config.plan import EfficiencyConfig, PlanConfig
-from phase6.plan.memory import GIB, ParallelLayout, TrainSetup
+from phase6.plan.memory import GIB, ParallelLayout, TrainSetup, microbatch_count
 from phase6.plan.model import ModelSpec
 from phase6.plan.profile import HardwareProfile
 from phase6.plan.serve import ServeCostModel
@@ -173,9 +173,7 @@ def schedules(model: ModelSpec, lay: ParallelLayout, plan: PlanConfig, mb: int |
         return [("1f1b", 1)]
     if plan.pp_schedule != "auto":
         return [(plan.pp_schedule, plan.virtual_stages)]
-    mb = mb or plan.micro_batch_size or 1
-    seqs = plan.global_batch_tokens / plan.seq_len
-    m = max(1, -(-int(seqs) // (lay.dp * mb)))
+    m = microbatch_count(plan.global_batch_tokens, plan.seq_len, lay.dp, mb or plan.micro_batch_size or 1)
     out = []
     for name, v in SEARCHED_SCHEDULES:
         if name == "interleaved" and (model.num_layers < lay.pp * v or m % lay.pp):
