@@ -25,12 +25,11 @@ import json
 import sys
 from typing import Any
 
-from phase6.plan.memory import ParallelLayout, TrainSetup
 from phase6.plan.practice import terms as practice_terms
 from phase6.plan.profile import build_profile
-from phase6.plan.recommend import TIE_TOLERANCE, layouts, order_layouts
-from phase6.plan.train import StepPrediction, predict_train_step
-from phase6.plan.validate import RUNTIME_OVERHEAD_GIB, Case, case_hardware, case_model, load_cases
+from phase6.plan.recommend import TIE_TOLERANCE, order_layouts
+from phase6.plan.train import StepPrediction
+from phase6.plan.validate import Case, case_hardware, case_predictions, fmt_layout, load_cases
 
 
 def terms(q: StepPrediction) -> dict[str, float]:
@@ -42,37 +41,22 @@ def terms(q: StepPrediction) -> dict[str, float]:
 
 
 def ranked(case: Case, hw_over: dict[str, Any] | None = None, tp_scale: float = 1.0, dp_hidden: bool = False):
-    """(published prediction, ordered fitting predictions) for one case, optionally under a what-if."""
-    spec = case_model(case)
+    """(published prediction, ordered fitting predictions) for one case, as `phase6 plan validate` ranks them
+    (``case_predictions``), optionally under a what-if."""
     hw = case_hardware(case)
     if hw_over:
         hw = dataclasses.replace(hw, **hw_over) if dataclasses.is_dataclass(hw) else hw.model_copy(update=hw_over)
-    profile = build_profile(hw)
-    setup = TrainSetup(**case.setup)
-    pub_lay = ParallelLayout(**{k: int(v) for k, v in case.layout.items()})
 
-    def pred(lay: ParallelLayout) -> StepPrediction:
-        q = predict_train_step(spec, lay, setup, profile, overhead_gib=RUNTIME_OVERHEAD_GIB)
+    def adjust(q: StepPrediction) -> None:
         for c in q.comm:
             if c.dim == "tp" and tp_scale != 1.0:
                 c.time_s *= tp_scale
                 c.exposed_s *= tp_scale
             if c.dim == "dp" and dp_hidden:
                 c.exposed_s = 0.0
-        return q
 
-    pub = pred(pub_lay)
-    preds = [pub]
-    for lay in layouts(spec, case.gpus, "train", {}, setup.seq_len, profile.gpus_per_node):
-        if lay != pub_lay:
-            q = pred(lay)
-            if q.fits:
-                preds.append(q)
+    pub, preds = case_predictions(case, build_profile(hw), adjust)
     return pub, order_layouts(preds, lambda q: q.step_time_s, lambda q: q.layout)
-
-
-def fmt(lay: ParallelLayout) -> str:
-    return "·".join(f"{k}{getattr(lay, k)}" for k in ("dp", "tp", "pp", "cp") if getattr(lay, k) > 1 or k == "dp")
 
 
 def verdict(pub: StepPrediction, ordered: list[StepPrediction]) -> dict[str, Any]:
@@ -82,7 +66,7 @@ def verdict(pub: StepPrediction, ordered: list[StepPrediction]) -> dict[str, Any
     return {
         "rank": rank,
         "first_or_tied": rank == 1 or tie,
-        "top": fmt(top.layout),
+        "top": fmt_layout(top.layout),
         "gap_pct": round(100 * (pub.step_time_s / top.step_time_s - 1), 1),
     }
 
@@ -98,7 +82,7 @@ def miss_row(case: Case) -> dict[str, Any] | None:
     need = pub.step_time_s - top.step_time_s * (1 + TIE_TOLERANCE)  # seconds off the published layout for a tie
     return {
         "id": case.id,
-        "published": fmt(pub.layout),
+        "published": fmt_layout(pub.layout),
         "published_step_s": round(pub.step_time_s, 3),
         "top": v["top"],
         "top_step_s": round(top.step_time_s, 3),

@@ -17,6 +17,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from phase6.config import HardwareConfig
 from phase6.config.plan import EfficiencyConfig
 from phase6.plan.memory import ParallelLayout, TrainSetup
 from phase6.plan.model import ModelSpec, load_preset
-from phase6.plan.profile import build_profile
+from phase6.plan.profile import HardwareProfile, build_profile
 from phase6.plan.recommend import TIE_TOLERANCE, layouts, order_layouts
 from phase6.plan.train import StepPrediction, predict_train_step
 
@@ -146,7 +147,7 @@ class CaseResult:
             "id": self.case.id,
             "held_out": self.case.held_out,
             "gpus": self.case.gpus,
-            "published_layout": _fmt(p.layout),
+            "published_layout": fmt_layout(p.layout),
             "published_tok_s_gpu": round(self.published_tps, 1),
             "predicted_tok_s_gpu": round(self.predicted_tps, 1),
             "ratio": round(self.ratio, 3),
@@ -154,7 +155,7 @@ class CaseResult:
             "fits": p.fits,
             "memory_gib": round(p.memory.total / 2**30, 1),
             "rank_free": self.rank_free,
-            "planner_top_free": _fmt(self.best_free) if self.best_free else "-",
+            "planner_top_free": fmt_layout(self.best_free) if self.best_free else "-",
             "within_tie_free": self.within_tie_free,
             "published_vs_top_free_pct": round(100 * (p.step_time_s / self.best_free_time_s - 1), 1)
             if self.best_free_time_s
@@ -162,7 +163,7 @@ class CaseResult:
             "asked": _fmt_fixed(self.case.fixed),
             "rank": self.rank,
             "of": self.num_candidates,
-            "planner_top": _fmt(self.best) if self.best else "-",
+            "planner_top": fmt_layout(self.best) if self.best else "-",
             "published_vs_top_pct": round(100 * (p.step_time_s / self.best_time_s - 1), 1) if self.best else None,
             "within_tie": self.within_tie,
             "rank_dp_fixed": self.rank_dp_fixed,
@@ -184,31 +185,52 @@ def _fmt_fixed(fixed: dict[str, int]) -> str:
     return ",".join(f"{k}={v}" for k, v in fixed.items()) if fixed else "-"
 
 
-def _fmt(lay: ParallelLayout) -> str:
+def fmt_layout(lay: ParallelLayout) -> str:
+    """dp8·tp4·cp2: DP always, every other size above 1."""
     bits = [f"{k}{getattr(lay, k)}" for k in ("dp", "tp", "pp", "cp", "ep") if getattr(lay, k) > 1 or k == "dp"]
     return "·".join(bits)
 
 
-def run_case(case: Case) -> CaseResult:
+def case_predictions(
+    case: Case, profile: HardwareProfile, adjust: Callable[[StepPrediction], None] | None = None
+) -> tuple[StepPrediction, list[StepPrediction]]:
+    """The published layout's prediction and the candidates it is ranked among: every layout of the case's GPUs and
+    setup that fits, with the published one always in (it ran, so it fits in reality; a row says so when the
+    planner disagrees), on ``profile`` (the case's hardware, or a what-if's); ``adjust`` edits each prediction in
+    place before the fit check (scripts/repro/plan_validate_misses.py scales terms with it)."""
     spec = case_model(case)
-    profile = build_profile(case_hardware(case))
     setup = TrainSetup(**case.setup)
     lay = ParallelLayout(**{k: int(v) for k, v in case.layout.items()})
     if lay.gpus != case.gpus:
         raise ValueError(f"{case.id}: layout {lay} is {lay.gpus} GPUs, not {case.gpus}")
+
+    def predict(cand: ParallelLayout) -> StepPrediction:
+        q = predict_train_step(spec, cand, setup, profile, overhead_gib=RUNTIME_OVERHEAD_GIB)
+        if adjust is not None:
+            adjust(q)
+        return q
+
+    pred = predict(lay)
+    preds: list[StepPrediction] = []
+    for cand in layouts(spec, case.gpus, "train", {}, setup.seq_len, profile.gpus_per_node):
+        q = pred if cand == lay else predict(cand)
+        if q.fits:
+            preds.append(q)
+    if pred not in preds:
+        preds.append(pred)
+    return pred, preds
+
+
+def run_case(case: Case) -> CaseResult:
+    spec = case_model(case)
+    setup = TrainSetup(**case.setup)
+    profile = build_profile(case_hardware(case))
+    pred, preds = case_predictions(case, profile)
     pub = case.published
     if "tokens_per_s_per_gpu" in pub:
         published_tps = float(pub["tokens_per_s_per_gpu"])
     else:  # Megatron reports model TFLOP/s per GPU with the same 6N + 12LHQT count (no recompute)
         published_tps = float(pub["tflops_per_gpu"]) * 1e12 / spec.flops_per_token(setup.seq_len)
-    pred = predict_train_step(spec, lay, setup, profile, overhead_gib=RUNTIME_OVERHEAD_GIB)
-    preds: list[StepPrediction] = []
-    for cand in layouts(spec, case.gpus, "train", {}, setup.seq_len, profile.gpus_per_node):
-        q = pred if cand == lay else predict_train_step(spec, cand, setup, profile, overhead_gib=RUNTIME_OVERHEAD_GIB)
-        if q.fits:
-            preds.append(q)
-    if pred not in preds:  # rank it anyway (it ran, so it fits in reality; say so in the row)
-        preds.append(pred)
 
     def ranked(group: list[StepPrediction]) -> tuple[int, int, StepPrediction, bool]:
         ordered = order_layouts(group, lambda q: q.step_time_s, lambda q: q.layout)
