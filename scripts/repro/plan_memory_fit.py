@@ -33,7 +33,8 @@ from phase6.plan.memory import (  # noqa: E402
     MEMORY_CALIBRATION_PATH,
     TrainSetup,
     activation_terms,
-    zero3_buffer_bytes,
+    peak_activation_bytes,
+    zero3_buffers,
 )
 from phase6.plan.model import ModelSpec, load_preset  # noqa: E402
 
@@ -79,15 +80,8 @@ def predicted(rec: dict) -> dict[str, float]:
     n = rec["layers"]
     return {
         "saved": n * t["saved"],
-        "peak_act": n * t["saved"] + t["recompute"] + t["workspace"],
-        "zero3": zero3_buffer_bytes(
-            rec["param_bytes_per_layer"] / 2,
-            t["saved"],
-            t["recompute"] + t["workspace"],
-            4,
-            t["grads_at_peak"],
-            t["incoming_grad"],
-        ),
+        "peak_act": peak_activation_bytes(t, n),
+        "zero3": zero3_buffers(t, rec["param_bytes_per_layer"] / 2, 4),
     }
 
 

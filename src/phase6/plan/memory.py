@@ -282,6 +282,26 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, tp: int = 1, cp: int =
     }
 
 
+def peak_activation_bytes(terms: dict[str, float], kept_blocks: float) -> float:
+    """The planner's ``activations`` term from ``activation_terms``: the kept bytes of ``kept_blocks`` blocks (layers x
+    in-flight micro-batches) + the block being recomputed + the backward's working set. ``train_memory`` and the
+    calibration fit (scripts/repro/plan_memory_fit.py) price it here, so the measured factor applies to this term."""
+    return kept_blocks * terms["saved"] + terms["recompute"] + terms["workspace"]
+
+
+def zero3_buffers(terms: dict[str, float], layer_params: float, grad_reduce_bytes: int, inflight: float = 1.0) -> float:
+    """``zero3_buffer_bytes`` for a block of ``layer_params`` parameters per GPU with the activation terms of
+    ``activation_terms`` (``inflight`` micro-batches of kept bytes per block); shared by ``train_memory`` and the fit."""
+    return zero3_buffer_bytes(
+        layer_params,
+        inflight * terms["saved"],
+        terms["recompute"] + terms["workspace"],
+        grad_reduce_bytes,
+        terms["grads_at_peak"],
+        terms["incoming_grad"],
+    )
+
+
 def _zero3_mlp_backward_excess(
     model: ModelSpec, tokens: float, tp: int, sp_gathered: bool, eager: bool, workspace: float
 ) -> float:
@@ -416,7 +436,7 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
         pe, ge, oe = zero_state_bytes(expert_gpu, setup.zero, expert_shard, gb)
         stage_inflight = 1.0 if (is_last and layout.pp > 1) else inflight
         # kept bytes of every in-flight block + the block being recomputed (AC) + the backward's working set
-        acts = layers * stage_inflight * terms["saved"] + terms["recompute"] + terms["workspace"]
+        acts = peak_activation_bytes(terms, layers * stage_inflight)
         logits = 0.0
         if is_last:  # bf16 logits + fp32 copy for the loss/grad (anchors-6a §5), vocab-parallel over TP
             logits = setup.seq_len / layout.cp * setup.micro_batch_size * model.vocab_size / layout.tp * (2 + 4)
@@ -430,14 +450,7 @@ def train_memory(model: ModelSpec, layout: ParallelLayout, setup: TrainSetup, ov
             # only after the last micro-batch: the whole stage's bf16 params and its unsharded grads stay resident.
             transient = (dense_gpu + expert_gpu) * (PARAM_BYTES + setup.grad_reduce_bytes)
         elif setup.zero >= 3:
-            buffers = zero3_buffer_bytes(
-                layer_gpu,
-                stage_inflight * terms["saved"],
-                terms["recompute"] + terms["workspace"],
-                setup.grad_reduce_bytes,
-                terms["grads_at_peak"],
-                terms["incoming_grad"],
-            )
+            buffers = zero3_buffers(terms, layer_gpu, setup.grad_reduce_bytes, stage_inflight)
         cal = memory_calibration()
         if cal:
             # each factor on what the H200 sweep measured it on: activations per AC mode; the per-block ZeRO-3 buffers
