@@ -278,17 +278,16 @@ def test_fp32_main_grads_add_the_wgrad_read_write_and_the_zeroing() -> None:
     assert fp32.optimizer_s - plain.optimizer_s == pytest.approx(4.0 * m.num_params() / bw)
 
 
-def test_cp_off_diagonal_steps_run_at_the_half_chunk_rate() -> None:
+def test_cp_ring_steps_run_at_the_measured_fraction_of_the_unsplit_rate() -> None:
     from phase6.plan.train import CP_RING_STEP_EFFICIENCY
 
     m = resolve_model("llama3.1-8b")
     setup = TrainSetup(8192, 8 * 8192, zero=3, attention_kernel="fa2")
     one = predict_train_step(m, ParallelLayout(dp=8), setup, PROFILE).breakdown.attention_s
     cp4 = predict_train_step(m, ParallelLayout(dp=2, cp=4), setup, PROFILE).breakdown.attention_s
-    r = PROFILE.attention_flops_at
-    local, half = r(2048, "fa2"), r(1024, "fa2")  # local length T/cp, half chunk T/(2cp)
-    expected = one * r(8192, "fa2") / local * (1 / 4 + 3 / 4 * local / (half * CP_RING_STEP_EFFICIENCY))
-    assert cp4 == pytest.approx(expected)
+    # same tokens per GPU; the rate read at the full length for both; the 3 off-diagonal steps of 4 at 0.938
+    assert cp4 == pytest.approx(one * (1 / 4 + 3 / 4 / CP_RING_STEP_EFFICIENCY))
+    assert cp4 / one == pytest.approx(1.0496, abs=5e-4)  # the H200 measured 1.036 and 1.046 at 128K CP4
 
 
 def test_bad_activation_layout_is_one_line() -> None:

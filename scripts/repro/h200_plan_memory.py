@@ -174,6 +174,8 @@ def sac_context():
         aten._scaled_dot_product_flash_attention_for_cpu.default,  # --smoke on CPU
         aten.max.default,
     }
+    if hasattr(torch.ops, "_c10d_functional"):  # torchtitan's list saves TP's reduce-scatter outputs too
+        save.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
     count = {"fwd": 0, "recompute": 0}
 
     def policy(ctx, func, *args, **kwargs):

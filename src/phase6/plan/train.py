@@ -39,18 +39,22 @@ GEMM_CALL_OVERHEAD_S = 6e-6
 OVERLAP_COMPUTE_SLOWDOWN = 0.189
 
 
-# Ring attention's off-diagonal steps (a separate non-causal flash call per ring step on half-chunks, the
-# load-balanced q/kv halves of torch's context_parallel): their rate as a fraction of the causal kernel's curve read at
-# the half-chunk length. 1.0, from the kernels' published benchmarks, not fitted: a non-causal call has no masked
-# diagonal tiles and runs at least as fast as the causal kernel of the same length (Shah et al. 2024, FlashAttention-3,
-# Fig. 5: FA2 forward, head dim 128, non-causal >= causal at every length), so 1.0 on the half-length curve is a lower
-# bound. Until issue 30's fifth round this was 0.845, least squares on the three held-out torchtitan CP rows (8B, CP
-# 2/4/8 at 64K/128K/256K); fitted row by row they ask for 1.36 (CP 2) and 0.79 (CP 4 and 8), which no per-step kernel
-# property gives, and in those rows (and in torchtitan's Table 6) the sequence is 32K x CP, so their CP >= 4 excess
-# cannot be told from a long-sequence cost the unpublished TP alternatives would pay too (docs/cost_model.md §9, fifth
-# round). It is left as error on those rows (predicted / published 0.90, 1.17, 1.20), not put into a constant that
-# decides their ranks.
-CP_RING_STEP_EFFICIENCY = 1.0
+# Ring attention (torch's load-balanced context_parallel): each rank runs 1/cp of the sequence's causal attention work
+# as one causal call on its two head-tail chunks plus cp-1 non-causal calls on half chunks. Priced as the unsplit
+# sequence's attention (the flash curve read at the full length T: the head-tail chunks keep the causal mask's density
+# of the whole sequence, and the off-diagonal steps have no masked tiles), 1/cp of it per rank, with the cp-1
+# off-diagonal steps at CP_RING_STEP_EFFICIENCY of that rate. **Measured on a GPU** (issue 30, seventh round): one rank
+# of torch's own ring over a fake process group on one H200, against TP of the same degree on the same sequence
+# (scripts/repro/h200_layout_compute.py; docs/benchmarks.md "plan: per-rank compute of TP and CP layouts"): the flash
+# kernels' time ratio CP / TP was 1.019 / 1.044 (8B / 70B, 8K, CP2), 1.070 (64K, CP2), 1.046 (128K, CP4), 1.052
+# (256K, CP8), and 1.017 / 1.049 / 1.036 in a repeat of 8B at 8K / 64K / 128K; least squares in log over the eight,
+# in 1/cp + (cp-1)/(cp * eff): 0.938, residuals -1.5%..+3.6% (`PYTHONPATH=src python
+# scripts/repro/plan_layout_compute.py docs/results/i30_layout_compute_2026-12-02/run*.json`; a test refits it).
+# No published run enters it. History: 0.81/0.845 least
+# squares on the three held-out torchtitan CP rows (until the fifth round), then 1.0 on the half-chunk curve (the
+# kernels' published bound, fifth and sixth rounds), which the H200 contradicts at both ends: at 8K the half-chunk
+# curve charged CP2 +11% where the GPU measured +2-4%, at 64K-256K nothing where it measured +5-7%.
+CP_RING_STEP_EFFICIENCY = 0.938
 
 # Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at GPT-2 124M) and come with ~10 elementwise kernels per
 # matrix. Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon
@@ -393,6 +397,11 @@ def tp_layout_copy_bytes(model: ModelSpec, layout: ParallelLayout, setup: TrainS
         return 0.0
     ag, rs, _, _ = tp_collective_counts(setup)
     elements = setup.micro_batch_size * setup.seq_len / layout.cp * model.hidden_size
+    if setup.micro_batch_size == 1:
+        # all_gather_single views instead of chunk + cat when every dim before gather_dim is 1 (a micro-batch of one
+        # sequence); reduce_scatter_single always narrows and cats. Timed on one H200 (torch 2.11, 8B at 64K-256K,
+        # TP 2/4/8, micro-batch 1): the cat kernels took 0.38x the all-gather + reduce-scatter count, 0.76x this one.
+        ag = 0
     return 2 * elements * (ag * tp_all_gather_bytes_per_element(setup) + rs * 2.0)
 
 
@@ -447,17 +456,13 @@ def compute_breakdown(
     # Flash attention forward: 4·H·Q·T per token and layer for QK^T and PV over the full score matrix, half of it for
     # a causal kernel; the backward recomputes the scores and runs 2.5x the forward (FlashAttention-2 §3.1.2; its
     # benchmarks count fwd+bwd as 3.5 forwards, the convention of ``attention_flops``); full AC runs one more forward.
-    # The kernel sees the local chunk (T/cp) with context parallelism: its rate is ``attention_flops_at`` that length.
+    # The rate is ``attention_flops_at`` the sequence length, with context parallelism too (CP_RING_STEP_EFFICIENCY).
     attn_fwd = 0.5 * 4.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
-    attn_rate = profile.attention_flops_at(setup.seq_len / layout.cp, setup.attention_kernel)
+    attn_rate = profile.attention_flops_at(setup.seq_len, setup.attention_kernel)
     attention = attn_fwd * (3.5 + (1.0 if attn_fwd_again else 0.0)) / (tp * attn_rate)
     if layout.cp > 1:
-        # The cp-1 off-diagonal ring steps run at CP_RING_STEP_EFFICIENCY (1.0) of the kernel's rate at the length
-        # they see: load-balanced ring attention splits the sequence into 2·cp chunks and each off-diagonal step attends
-        # a half chunk (T/(2cp) queries to T/cp keys, or T/cp queries to T/(2cp) keys), so short sequences split
-        # far run at the short-length end of the kernel's curve (1K-token halves at T = 8K, cp = 4).
-        half = profile.attention_flops_at(setup.seq_len / (2 * layout.cp), setup.attention_kernel) / attn_rate
-        attention *= 1.0 / layout.cp + (layout.cp - 1) / layout.cp / (CP_RING_STEP_EFFICIENCY * half)
+        # The cp-1 off-diagonal ring steps at CP_RING_STEP_EFFICIENCY of the rate (measured on one H200).
+        attention *= 1.0 / layout.cp + (layout.cp - 1) / layout.cp / CP_RING_STEP_EFFICIENCY
     bw = profile.stream_bytes_per_s
     per_layer_bytes = elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
     elem = elem_passes * layers * per_layer_bytes * tokens_gpu / (tp * bw)
