@@ -76,14 +76,14 @@ def test_held_out_cases_are_reported_and_do_not_regress(results) -> None:  # noq
     # torchtitan 70B FSDP32·TP8 Float8 first; mean 9.63% -> 10.24%, the fp8 TP rows now predicted faster), fifth
     # round 16 (CP_RING_STEP_EFFICIENCY, fitted on the three held-out CP rows, replaced by the kernels' bound 1.0: the
     # three CP rows tie their TP alternative, the 2025 70B TP8 bf16 row falls behind TP4·CP2; mean 10.24% -> 11.21%),
-    # seventh round 13 (the ring steps' efficiency measured on one H200, 0.938 of the unsplit kernel's rate: the CP
-    # rows' errors fall (0.899/1.171/1.203 -> 0.877/1.124/1.144) and their TP alternatives lead by 6-8%, past the tie;
-    # mean 11.21% -> 10.83%).
+    # seventh round 13 (the ring steps' efficiency measured on one H200 by half-chunk length, 0.71-0.95 of the unsplit
+    # kernel's rate: the CP rows' errors fall (0.899/1.171/1.203 -> 0.876/1.121/1.141) and their TP alternatives lead
+    # by 6-8%, past the tie; mean 11.21% -> 10.81%).
     errs = [abs(r.ratio - 1) for r in held]
     assert len(held) == 22
     free = sum(1 for r in held if r.rank_free == 1 or r.within_tie_free)
     assert free >= 13 and summ["held_out"]["first_or_tied_nothing_fixed"] == free
-    assert statistics.mean(errs) <= 0.1083 and max(errs) <= 0.2174, [(r.case.id, round(r.ratio, 3)) for r in held]
+    assert statistics.mean(errs) <= 0.1081 and max(errs) <= 0.2174, [(r.case.id, round(r.ratio, 3)) for r in held]
     assert statistics.mean(errs) <= 0.12 and max(errs) <= 0.25  # issue 30's error targets
     # The AsyncTP rows: the predicted gain of async over vanilla TP stays near the published 1.09-1.10x (June 2025),
     # not the ~1.35x of hiding every TP collective.

@@ -34,7 +34,7 @@ from phase6.config import HardwareConfig
 from phase6.plan.memory import ParallelLayout, TrainSetup
 from phase6.plan.model import resolve_model
 from phase6.plan.profile import build_profile
-from phase6.plan.train import CP_RING_STEP_EFFICIENCY, compute_breakdown
+from phase6.plan.train import CP_RING_STEP_EFFICIENCY_CURVE, compute_breakdown, cp_ring_step_efficiency
 from phase6.plan.validate import HARDWARE_DIR
 
 
@@ -134,7 +134,8 @@ def pairs(records: list[dict]) -> list[dict]:
 
 def ring_ratios(records: list[dict]) -> list[dict]:
     """Per CP layout: its slowest rank's flash-kernel time over the same-degree TP layout's (same model, sequence,
-    batch and recompute). The planner prices that ratio as 1/cp + (cp-1)/(cp * CP_RING_STEP_EFFICIENCY)."""
+    batch and recompute). The planner prices that ratio as 1/cp + (cp-1)/(cp * eff), eff = ``cp_ring_step_efficiency`` at the
+    half-chunk length T/(2cp)."""
     ok = [r for r in records if r.get("status") == "ok"]
     out = []
     for t in (r for r in ok if r["cp"] == 1):
@@ -143,7 +144,8 @@ def ring_ratios(records: list[dict]) -> list[dict]:
             ranks = [r for r in cps if r["cp"] == cp_deg]
             slow = max(ranks, key=lambda r: r["kernel_s"]["attention"])
             ratio = slow["kernel_s"]["attention"] / t["kernel_s"]["attention"]
-            out.append({"case": f"{label(slow)} vs tp{t['tp']}", "cp": cp_deg, "ratio": ratio})
+            half = t["seq"] // (2 * cp_deg)  # the ring's half-chunk length (load-balanced head-tail chunks)
+            out.append({"case": f"{label(slow)} vs tp{t['tp']}", "cp": cp_deg, "half": half, "ratio": ratio})
     return out
 
 
@@ -161,6 +163,24 @@ def fit_ring_efficiency(ratios: list[dict]) -> tuple[float, list[float]]:
         lo, hi = (lo, b) if loss(a) < loss(b) else (a, hi)
     e = (lo + hi) / 2
     return e, [r["ratio"] / (1 / r["cp"] + (r["cp"] - 1) / (r["cp"] * e)) - 1 for r in ratios]
+
+
+def fit_ring_efficiency_curve(ratios: list[dict]) -> tuple[tuple[tuple[int, float], ...], list[float]]:
+    """The efficiency fitted per half-chunk length (``fit_ring_efficiency`` on each length's layouts): the points of
+    ``CP_RING_STEP_EFFICIENCY_CURVE``, rounded to 3 decimals, and every layout's residual against the curve as the
+    planner reads it (log-linear between points, flat outside)."""
+    from phase6.plan.train import cp_ring_step_efficiency
+
+    points = []
+    for half in sorted({r["half"] for r in ratios}):
+        eff, _ = fit_ring_efficiency([r for r in ratios if r["half"] == half])
+        points.append((half, round(eff, 3)))
+    curve = tuple(points)
+    res = []
+    for r in ratios:
+        e = cp_ring_step_efficiency(r["half"], curve)
+        res.append(r["ratio"] / (1 / r["cp"] + (r["cp"] - 1) / (r["cp"] * e)) - 1)
+    return curve, res
 
 
 def render(data: dict) -> str:
@@ -195,17 +215,20 @@ def render(data: dict) -> str:
         )
     ratios = ring_ratios(data["records"])
     if ratios:
-        eff, res = fit_ring_efficiency(ratios)
         lines += [
             "",
-            f"Ring attention: flash-kernel time CP / TP of the same degree; CP_RING_STEP_EFFICIENCY fitted here "
-            f"= {eff:.3f} (train.py uses {CP_RING_STEP_EFFICIENCY})",
+            "Ring attention: flash-kernel time CP / TP of the same degree, priced with train.py's "
+            f"CP_RING_STEP_EFFICIENCY_CURVE {CP_RING_STEP_EFFICIENCY_CURVE}",
             "",
-            "| CP layout (slowest rank) vs TP | measured ratio | priced at the fit | residual |",
-            "|---|---|---|---|",
+            "| CP layout (slowest rank) vs TP | half chunk | measured ratio | priced | residual |",
+            "|---|---|---|---|---|",
         ]
-        for r, e in zip(ratios, res, strict=True):
-            lines.append(f"| {r['case']} | {r['ratio']:.3f} | {r['ratio'] / (1 + e):.3f} | {100 * e:+.1f}% |")
+        for r in ratios:
+            e = cp_ring_step_efficiency(r["half"])
+            priced = 1 / r["cp"] + (r["cp"] - 1) / (r["cp"] * e)
+            lines.append(
+                f"| {r['case']} | {r['half']} | {r['ratio']:.3f} | {priced:.3f} | {100 * (r['ratio'] / priced - 1):+.1f}% |"
+            )
     return "\n".join(lines)
 
 
@@ -225,16 +248,17 @@ def main(argv: list[str]) -> int:
         runs.append(data)
     # a CP layout is compared with the TP layout of the same run only (one machine, one warm-up, one clock)
     ratios = [r for d in runs for r in ring_ratios(d["records"])]
-    fit = fit_ring_efficiency(ratios)[0] if ratios else None
+    curve, res = fit_ring_efficiency_curve(ratios) if ratios else ((), [])
     if a.json:
         out = [{"meta": d["meta"], "rows": rows(d["records"]), "pairs": pairs(d["records"])} for d in runs]
-        print(json.dumps({"runs": out, "ring_ratios": ratios, "ring_step_efficiency_fit": fit}))
+        print(json.dumps({"runs": out, "ring_ratios": ratios, "ring_step_efficiency_curve_fit": curve}))
         return 0
     print("\n\n".join(render(d) for d in runs))
     if ratios:
         print(
-            f"\nAll runs: CP_RING_STEP_EFFICIENCY fitted = {fit:.3f} over {len(ratios)} CP layouts "
-            f"(train.py uses {CP_RING_STEP_EFFICIENCY})"
+            f"\nAll runs: the ring-step efficiency fitted per half-chunk length over {len(ratios)} CP layouts: "
+            f"{curve} (train.py uses {CP_RING_STEP_EFFICIENCY_CURVE}); residuals "
+            f"{min(res):+.1%} to {max(res):+.1%}"
         )
     return 0
 

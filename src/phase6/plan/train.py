@@ -23,7 +23,7 @@ from typing import Any
 from phase6.plan import comm
 from phase6.plan.memory import GIB, ParallelLayout, TrainMemory, TrainSetup, stage_params, train_memory
 from phase6.plan.model import ModelSpec
-from phase6.plan.profile import HardwareProfile
+from phase6.plan.profile import HardwareProfile, _curve
 
 GEMM_CALL_OVERHEAD_S = 6e-6
 """Fixed time of one GEMM call beyond its FLOPs at the large-GEMM rate (compute_breakdown; XLA's H100 table)."""
@@ -40,21 +40,33 @@ OVERLAP_COMPUTE_SLOWDOWN = 0.189
 
 
 # Ring attention (torch's load-balanced context_parallel): each rank runs 1/cp of the sequence's causal attention work
-# as one causal call on its two head-tail chunks plus cp-1 non-causal calls on half chunks. Priced as the unsplit
-# sequence's attention (the flash curve read at the full length T: the head-tail chunks keep the causal mask's density
-# of the whole sequence, and the off-diagonal steps have no masked tiles), 1/cp of it per rank, with the cp-1
-# off-diagonal steps at CP_RING_STEP_EFFICIENCY of that rate. **Measured on a GPU** (issue 30, seventh round): one rank
-# of torch's own ring over a fake process group on one H200, against TP of the same degree on the same sequence
-# (scripts/repro/h200_layout_compute.py; docs/benchmarks.md "plan: per-rank compute of TP and CP layouts"): the flash
-# kernels' time ratio CP / TP was 1.019 / 1.044 (8B / 70B, 8K, CP2), 1.070 (64K, CP2), 1.046 (128K, CP4), 1.052
-# (256K, CP8), and 1.017 / 1.049 / 1.036 in a repeat of 8B at 8K / 64K / 128K; least squares in log over the eight,
-# in 1/cp + (cp-1)/(cp * eff): 0.938, residuals -1.5%..+3.6% (`PYTHONPATH=src python
-# scripts/repro/plan_layout_compute.py docs/results/i30_layout_compute_2026-12-02/run*.json`; a test refits it).
-# No published run enters it. History: 0.81/0.845 least
-# squares on the three held-out torchtitan CP rows (until the fifth round), then 1.0 on the half-chunk curve (the
-# kernels' published bound, fifth and sixth rounds), which the H200 contradicts at both ends: at 8K the half-chunk
-# curve charged CP2 +11% where the GPU measured +2-4%, at 64K-256K nothing where it measured +5-7%.
-CP_RING_STEP_EFFICIENCY = 0.938
+# as one causal call on its two head-tail chunks plus cp-1 non-causal calls on half chunks (T/(2cp) tokens). Priced as
+# the unsplit sequence's attention (the flash curve read at the full length T: the head-tail chunks keep the causal
+# mask's density of the whole sequence, and the off-diagonal steps have no masked tiles), 1/cp of it per rank, with
+# the cp-1 off-diagonal steps at ``cp_ring_step_efficiency`` of that rate, a curve over the half-chunk length.
+# **Measured on a GPU** (issue 30, seventh round): one rank of torch's own ring over a fake process group on one H200,
+# against TP of the same degree on the same sequence (scripts/repro/h200_layout_compute.py; docs/benchmarks.md
+# "plan: per-rank compute of TP and CP layouts"). The flash kernels' time ratio CP / TP, 13 layouts in three calls:
+# 1.36 at 512-token halves (8K, CP8), 1.08 at 1K (8K, CP4), 1.02-1.04 at 2K (8K, CP2), 1.04-1.07 at 16K (64K CP2,
+# 128K CP4, 256K CP8). Each point is least squares in log over its length's layouts in 1/cp + (cp-1)/(cp * eff);
+# residuals -1.5%..+3.5% (`PYTHONPATH=src python scripts/repro/plan_layout_compute.py
+# docs/results/i30_layout_compute_2026-12-02/run*.json`; a test refits it). No published run enters it. History:
+# 0.81/0.845 least squares on the three held-out torchtitan CP rows (until the fifth round), then 1.0 on the causal
+# curve read at the half-chunk length (the kernels' published bound; fifth and sixth rounds), which the H200
+# contradicts: at 8K CP2 that charged +11% where the GPU measured +2-4%, at 64K-256K nothing where it measured +4-7%.
+CP_RING_STEP_EFFICIENCY_CURVE: tuple[tuple[int, float], ...] = (
+    (512, 0.71),
+    (1024, 0.903),
+    (2048, 0.953),
+    (16384, 0.935),
+)
+
+
+def cp_ring_step_efficiency(half_chunk: float, curve: tuple[tuple[int, float], ...] | None = None) -> float:
+    """Rate of an off-diagonal ring step as a fraction of the unsplit kernel's, at the ring's half-chunk length
+    T/(2cp) (``CP_RING_STEP_EFFICIENCY_CURVE``: log-linear between the measured lengths, flat outside them)."""
+    return _curve(curve or CP_RING_STEP_EFFICIENCY_CURVE, half_chunk)
+
 
 # Muon's Newton-Schulz GEMMs are small (768 x 768 x 3072 at GPT-2 124M) and come with ~10 elementwise kernels per
 # matrix. Fraction of the dense bf16 peak they reach: calibrated on one H200 (2026-12-01, docs/benchmarks.md "6A Muon
@@ -456,13 +468,14 @@ def compute_breakdown(
     # Flash attention forward: 4·H·Q·T per token and layer for QK^T and PV over the full score matrix, half of it for
     # a causal kernel; the backward recomputes the scores and runs 2.5x the forward (FlashAttention-2 §3.1.2; its
     # benchmarks count fwd+bwd as 3.5 forwards, the convention of ``attention_flops``); full AC runs one more forward.
-    # The rate is ``attention_flops_at`` the sequence length, with context parallelism too (CP_RING_STEP_EFFICIENCY).
+    # The rate is ``attention_flops_at`` the sequence length, with context parallelism too (``cp_ring_step_efficiency``).
     attn_fwd = 0.5 * 4.0 * layers * model.num_heads * model.head_dim * setup.seq_len * tokens_gpu
     attn_rate = profile.attention_flops_at(setup.seq_len, setup.attention_kernel)
     attention = attn_fwd * (3.5 + (1.0 if attn_fwd_again else 0.0)) / (tp * attn_rate)
     if layout.cp > 1:
-        # The cp-1 off-diagonal ring steps at CP_RING_STEP_EFFICIENCY of the rate (measured on one H200).
-        attention *= 1.0 / layout.cp + (layout.cp - 1) / layout.cp / CP_RING_STEP_EFFICIENCY
+        # The cp-1 off-diagonal ring steps at the measured fraction of the rate for their half-chunk length.
+        eff = cp_ring_step_efficiency(setup.seq_len / (2 * layout.cp))
+        attention *= 1.0 / layout.cp + (layout.cp - 1) / layout.cp / eff
     bw = profile.stream_bytes_per_s
     per_layer_bytes = elementwise_bytes_per_token_layer(model, setup.fused_elementwise)
     elem = elem_passes * layers * per_layer_bytes * tokens_gpu / (tp * bw)
