@@ -48,7 +48,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from h200_plan_memory import MODELS, sac_context  # noqa: E402  (torchtitan's op-level SAC policy, one copy)
+from h200_plan_memory import MODELS, run_blocks  # noqa: E402  (the AC'd block stack, torchtitan's SAC policy)
 
 SMOKE_MODELS = {"tiny": {"hidden": 256, "heads": 8, "kv_heads": 2, "head_dim": 32, "ffn": 512}}
 # (model, seq, micro-batch, tp, cp, AC, rank, layers): the 8K rows' published layout and the planner's #1 at the
@@ -206,14 +206,7 @@ def run_case(case: tuple, dev: str, iters: int) -> dict:
                 fwd_bwd()
 
         def fwd_bwd() -> None:
-            h = x.detach().requires_grad_()
-            for b in blocks:
-                if ac == "full":
-                    h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=False)
-                elif ac == "selective":
-                    h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=False, context_fn=sac_context)
-                else:
-                    h = b(h)
+            h = run_blocks(blocks, x.detach().requires_grad_(), ac)
             h.backward(torch.ones_like(h))
             for p in blocks.parameters():
                 p.grad = None

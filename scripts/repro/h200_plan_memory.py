@@ -188,6 +188,18 @@ def sac_context():
     return create_selective_checkpoint_contexts(policy)
 
 
+def run_blocks(blocks, h: torch.Tensor, ac: str) -> torch.Tensor:
+    """The blocks' forward under activation checkpointing none / selective (``sac_context``) / full (per block)."""
+    for b in blocks:
+        if ac == "full":
+            h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=False)
+        elif ac == "selective":
+            h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=False, context_fn=sac_context)
+        else:
+            h = b(h)
+    return h
+
+
 class Zero3:
     """FSDP-style parameter lifetime for a list of blocks: flat bf16 buffer per block, freed after its forward,
     re-allocated before its backward (one block prefetched ahead both ways); a block's bf16 grads are kept until all
@@ -309,14 +321,7 @@ def run_case(model: str, tp: int, ac: str, zero3: bool, layers: int, seq: int, d
         MEM.reset_peak_memory_stats()
         before = MEM.memory_allocated()
         rec["resident_bytes"] = before - base  # params (+ shards) + input + output grad
-        h = x
-        for b in blocks:
-            if ac == "full":
-                h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=False)
-            elif ac == "selective":
-                h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=False, context_fn=sac_context)
-            else:
-                h = b(h)
+        h = run_blocks(blocks, x, ac)
         MEM.synchronize()
         rec["saved_bytes"] = MEM.memory_allocated() - before  # saved for backward + the output
         rec["fwd_peak_allocated_bytes"] = MEM.max_memory_allocated() - base

@@ -105,30 +105,36 @@ def _key(r: dict) -> tuple:
     return (r["model"], r["seq"], r["micro_batch"], r["ac"], r["tp"] * r["cp"])
 
 
-def pairs(records: list[dict]) -> list[dict]:
-    """Per (model, seq, batch, AC, degree): each CP layout's slowest measured rank against the TP layout of the same
-    degree, per block: (CP - TP) predicted and measured."""
+def cp_groups(records: list[dict]):
+    """(TP record, CP degree, that CP layout's ranks) for every CP layout measured beside TP of the same degree
+    (same model, sequence, batch and recompute; ok records only)."""
     ok = [r for r in records if r.get("status") == "ok"]
-    out = []
     for tp_rec in (r for r in ok if r["cp"] == 1):
         cps = [r for r in ok if r["cp"] > 1 and _key(r) == _key(tp_rec)]
         for cp_deg in sorted({r["cp"] for r in cps}):
-            ranks = [r for r in cps if r["cp"] == cp_deg]
-            slow = max(ranks, key=lambda r: r["step_s"])
-            dp_, dm = predicted(slow)["step"] - predicted(tp_rec)["step"], (slow["step_s"] - tp_rec["step_s"])
-            dm /= slow["layers"]
-            busy = lambda r: sum(r["kernel_s"].values()) / r["layers"]  # noqa: E731
-            out.append(
-                {
-                    "pair": f"{label(slow)} vs tp{tp_rec['tp']}",
-                    "ranks_measured": len(ranks),
-                    "predicted_ms": round(1e3 * dp_, 2),
-                    "measured_ms": round(1e3 * dm, 2),
-                    "measured_kernels_ms": round(1e3 * (busy(slow) - busy(tp_rec)), 2),
-                    "predicted_pct_of_tp": round(100 * dp_ / predicted(tp_rec)["step"], 1),
-                    "measured_pct_of_tp": round(100 * dm / (tp_rec["step_s"] / tp_rec["layers"]), 1),
-                }
-            )
+            yield tp_rec, cp_deg, [r for r in cps if r["cp"] == cp_deg]
+
+
+def pairs(records: list[dict]) -> list[dict]:
+    """Per (model, seq, batch, AC, degree): each CP layout's slowest measured rank against the TP layout of the same
+    degree, per block: (CP - TP) predicted and measured."""
+    out = []
+    for tp_rec, _, ranks in cp_groups(records):
+        slow = max(ranks, key=lambda r: r["step_s"])
+        dp_, dm = predicted(slow)["step"] - predicted(tp_rec)["step"], (slow["step_s"] - tp_rec["step_s"])
+        dm /= slow["layers"]
+        busy = lambda r: sum(r["kernel_s"].values()) / r["layers"]  # noqa: E731
+        out.append(
+            {
+                "pair": f"{label(slow)} vs tp{tp_rec['tp']}",
+                "ranks_measured": len(ranks),
+                "predicted_ms": round(1e3 * dp_, 2),
+                "measured_ms": round(1e3 * dm, 2),
+                "measured_kernels_ms": round(1e3 * (busy(slow) - busy(tp_rec)), 2),
+                "predicted_pct_of_tp": round(100 * dp_ / predicted(tp_rec)["step"], 1),
+                "measured_pct_of_tp": round(100 * dm / (tp_rec["step_s"] / tp_rec["layers"]), 1),
+            }
+        )
     return out
 
 
@@ -136,16 +142,12 @@ def ring_ratios(records: list[dict]) -> list[dict]:
     """Per CP layout: its slowest rank's flash-kernel time over the same-degree TP layout's (same model, sequence,
     batch and recompute). The planner prices that ratio as 1/cp + (cp-1)/(cp * eff), eff = ``cp_ring_step_efficiency`` at the
     half-chunk length T/(2cp)."""
-    ok = [r for r in records if r.get("status") == "ok"]
     out = []
-    for t in (r for r in ok if r["cp"] == 1):
-        cps = [r for r in ok if r["cp"] > 1 and _key(r) == _key(t)]
-        for cp_deg in sorted({r["cp"] for r in cps}):
-            ranks = [r for r in cps if r["cp"] == cp_deg]
-            slow = max(ranks, key=lambda r: r["kernel_s"]["attention"])
-            ratio = slow["kernel_s"]["attention"] / t["kernel_s"]["attention"]
-            half = t["seq"] // (2 * cp_deg)  # the ring's half-chunk length (load-balanced head-tail chunks)
-            out.append({"case": f"{label(slow)} vs tp{t['tp']}", "cp": cp_deg, "half": half, "ratio": ratio})
+    for t, cp_deg, ranks in cp_groups(records):
+        slow = max(ranks, key=lambda r: r["kernel_s"]["attention"])
+        ratio = slow["kernel_s"]["attention"] / t["kernel_s"]["attention"]
+        half = t["seq"] // (2 * cp_deg)  # the ring's half-chunk length (load-balanced head-tail chunks)
+        out.append({"case": f"{label(slow)} vs tp{t['tp']}", "cp": cp_deg, "half": half, "ratio": ratio})
     return out
 
 
